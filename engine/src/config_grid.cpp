@@ -1,0 +1,134 @@
+#include "config_grid.hpp"
+
+#include <algorithm>
+#include <cstdint>
+
+#include <fmt/format.h>
+
+#include "tuned_cache.hpp"
+
+namespace normjit::detail {
+
+namespace {
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+std::int64_t next_pow2(std::int64_t v) {
+  std::int64_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+constexpr int kBlockSizes[] = {128, 256, 512, 1024};
+}  // namespace
+
+int max_vec(const NormDesc& d) {
+  const int widest = std::max({dtype_size(d.x_dtype), dtype_size(d.y_dtype), dtype_size(d.weight_dtype)});
+  return static_cast<int>(std::min<std::int64_t>(16 / widest, next_pow2(d.N)));
+}
+
+bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* why) {
+  auto no = [&](std::string s) {
+    if (why) *why = std::move(s);
+    return false;
+  };
+  auto pow2 = [](int v) { return v > 0 && (v & (v - 1)) == 0; };
+  if (!pow2(c.vec) || c.vec > max_vec(d)) return no(fmt::format("vec {} is not a power of two <= {}", c.vec, max_vec(d)));
+  if (!pow2(c.threads_per_row) || !pow2(c.rows_per_pid)) return no("threads_per_row and rows_per_pid must be powers of two");
+  const int threads = c.threads();
+  if (threads < 32 || threads > 1024) return no(fmt::format("block of {} threads is outside [32, 1024]", threads));
+  const std::int64_t chunks = ceil_div(d.N, c.vec);
+  if (c.threads_per_row > next_pow2(chunks)) return no(fmt::format("{} threads per row for {} chunks", c.threads_per_row, chunks));
+  const std::int64_t per_thread = ceil_div(chunks, c.threads_per_row) * c.vec;
+  const bool fits = op == Op::RmsForward ? per_thread * dtype_size(d.x_dtype) <= kFwdCacheBytesPerThread
+                                         : per_thread <= kBwdCachedElemsPerThread;
+  if (c.two_pass) {
+    if (fits) return no("two-pass is only for rows that do not fit in registers");
+    if (c.rows_per_pid != 1) return no("two-pass handles one row per program");
+  } else if (!fits) {
+    return no(fmt::format("{} elements per thread exceed the register budget", per_thread));
+  }
+  if (op == Op::RmsBackward && c.rows_per_pid > 1 && d.N * 4 > 32768) return no("dweight staging exceeds 32 KiB of shared memory");
+  return true;
+}
+
+std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& d) {
+  std::vector<LaunchConfig> out;
+  const int vmax = max_vec(d);
+  const std::int64_t mb = std::max<std::int64_t>(1, m_bucket(d.M));
+  for (int vec : {vmax, vmax / 2}) {
+    if (vec < 1 || (vec == vmax / 2 && vmax == 1)) continue;
+    for (int tpr = 1; tpr <= 1024; tpr *= 2) {
+      for (bool two_pass : {false, true}) {
+        if (two_pass && vec != vmax) continue;
+        // Narrow rows may use a lone warp (or two) per program; otherwise 128..1024 threads.
+        std::vector<int> blocks(std::begin(kBlockSizes), std::end(kBlockSizes));
+        if (tpr <= 64) blocks.insert(blocks.begin(), tpr == 64 ? 64 : 32);
+        for (int threads : blocks) {
+          if (threads < tpr) continue;
+          LaunchConfig c{vec, tpr, threads / tpr, two_pass};
+          if (!config_valid(op, d, c)) continue;
+          // Rows per program beyond what M needs only idle threads, but keep
+          // the smallest block for each tpr.
+          if (c.rows_per_pid > mb && threads > std::max(32, tpr)) continue;
+          if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+        }
+      }
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const LaunchConfig& a, const LaunchConfig& b) { return simplicity_key(a) < simplicity_key(b); });
+  return out;
+}
+
+LaunchConfig heuristic_config(Op op, const NormDesc& d) {
+  const auto grid = candidate_grid(op, d);
+  const int vmax = max_vec(d);
+  const std::int64_t chunks = ceil_div(d.N, vmax);
+  // Aim for ~2 vectors per thread on long rows, one on short rows; ~256
+  // threads per program.
+  const std::int64_t want_tpr = std::min<std::int64_t>(1024, next_pow2(ceil_div(chunks, chunks >= 512 ? 2 : 1)));
+  const LaunchConfig* best = nullptr;
+  std::int64_t best_score = INT64_MAX;
+  for (const auto& c : grid) {
+    const std::int64_t score = 4 * std::llabs(static_cast<long long>(c.threads_per_row) - want_tpr) +
+                               std::llabs(c.threads() - 256L) + (c.vec != vmax ? 100000 : 0);
+    if (score < best_score) {
+      best_score = score;
+      best = &c;
+    }
+  }
+  if (!best) throw Error(ErrorKind::InvalidArgument, "no launch config exists", op_name(op), d.str());
+  return *best;
+}
+
+LaunchConfig fit_alignment(const LaunchConfig& cfg, const NormDesc&,
+                           const std::vector<std::pair<const void*, DType>>& pointers,
+                           const std::vector<std::int64_t>& strides) {
+  LaunchConfig c = cfg;
+  auto aligned = [&](int vec) {
+    for (auto& [p, t] : pointers)
+      if (p && reinterpret_cast<std::uintptr_t>(p) % (static_cast<std::uintptr_t>(vec) * dtype_size(t))) return false;
+    for (auto s : strides)
+      if (s % vec) return false;
+    return true;
+  };
+  while (c.vec > 1 && !aligned(c.vec)) c.vec /= 2;
+  return c;
+}
+
+std::vector<int> simplicity_key(const LaunchConfig& c) {
+  return {c.two_pass ? 1 : 0, c.threads(), c.rows_per_pid, -c.vec};
+}
+
+Geometry launch_geometry(Op op, const NormDesc& d, const LaunchConfig& c, int sm_count, int blocks_per_sm) {
+  Geometry g;
+  g.block = static_cast<unsigned>(c.threads());
+  const std::int64_t programs = ceil_div(d.M, c.rows_per_pid);
+  if (op == Op::RmsForward) {
+    g.grid = static_cast<unsigned>(programs);
+  } else {
+    const std::int64_t resident = static_cast<std::int64_t>(sm_count) * std::max(1, blocks_per_sm);
+    g.grid = static_cast<unsigned>(std::max<std::int64_t>(1, std::min(programs, resident)));
+  }
+  return g;
+}
+
+}  // namespace normjit::detail

@@ -1,0 +1,54 @@
+// Launch configs: the autotune grid, its declarative pruning, the heuristic,
+// and the one launch-geometry function.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "normjit/normjit.hpp"
+
+namespace normjit::detail {
+
+/// Per-thread register budget for caching a row, in bytes of the row's
+/// dtype (forward: x; backward: fp32 weight + fp32 dw share).
+inline constexpr int kFwdCacheBytesPerThread = 128;
+inline constexpr int kBwdCachedElemsPerThread = 16;
+
+/// The largest vec (elements) allowed for `desc`'s dtypes: 16-byte accesses.
+int max_vec(const NormDesc& desc);
+
+/// Every candidate config for `op` on `desc`, after the rules that need no
+/// compiler: vec <= 16 bytes and <= N; threads_per_row no wider than the row
+/// needs; the row fits the per-thread register budget, else two-pass with one
+/// row per program; block sizes of 128..1024 (32 or 64 for a lone narrow row);
+/// no more rows per program than the M bucket needs. Sorted simplest first.
+std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& desc);
+
+/// Is `cfg` valid for `op` on `desc` (would candidate_grid's rules allow it,
+/// ignoring the M-bucket rule)? `why` says which rule fails.
+bool config_valid(Op op, const NormDesc& desc, const LaunchConfig& cfg, std::string* why = nullptr);
+
+/// The config used when no tuned one exists; always a member of the grid.
+LaunchConfig heuristic_config(Op op, const NormDesc& desc);
+
+/// Lowers cfg.vec until every pointer and row stride is aligned to a whole
+/// vector (the vectors are single 4/8/16-byte accesses); keeps the rest.
+LaunchConfig fit_alignment(const LaunchConfig& cfg, const NormDesc& desc,
+                           const std::vector<std::pair<const void*, DType>>& pointers,
+                           const std::vector<std::int64_t>& strides);
+
+/// Rank for ties: a smaller key is simpler (fewer threads, fewer rows per
+/// program, one pass, wider vectors).
+std::vector<int> simplicity_key(const LaunchConfig& cfg);
+
+struct Geometry {
+  unsigned grid = 0, block = 0;
+};
+/// Grid and block of `op`. Forward: one program per ROWS_PER_PID rows.
+/// Backward: a persistent grid of min(programs needed, sm_count *
+/// blocks_per_sm), which is also the number of partial dweight rows.
+Geometry launch_geometry(Op op, const NormDesc& desc, const LaunchConfig& cfg, int sm_count,
+                         int blocks_per_sm);
+
+}  // namespace normjit::detail

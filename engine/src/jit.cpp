@@ -1,0 +1,139 @@
+#include "jit.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "driver.hpp"
+#include "hash.hpp"
+#include "kernel_sources.hpp"
+#include "nvrtc.hpp"
+
+namespace normjit::detail {
+
+namespace fs = std::filesystem;
+
+std::string binary_cache_key(const KernelSpec& spec, const std::string& arch) {
+  Hasher h;
+  h.add(kernel_source_hash()).add(spec.source()).add(arch).add(nvrtc().version).add(NORMJIT_VERSION_STRING);
+  for (const auto& o : nvrtc_options()) h.add(o);
+  return h.hex();
+}
+
+namespace {
+bool read_file(const fs::path& p, std::string* out) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  return in.good() || in.eof();
+}
+
+// Temp file + fsync + rename: readers see the old file or the whole new one.
+void write_atomic(const fs::path& p, const std::string& data) {
+  std::error_code ec;
+  fs::create_directories(p.parent_path(), ec);
+  const std::string tmp = fmt::format("{}.tmp.{}", p.string(), ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return;  // the disk cache is an optimisation: a failed write is not an error
+  bool ok = ::write(fd, data.data(), data.size()) == static_cast<ssize_t>(data.size());
+  ok = ::fsync(fd) == 0 && ok;
+  ::close(fd);
+  if (!ok || std::rename(tmp.c_str(), p.c_str()) != 0) std::remove(tmp.c_str());
+}
+
+// A cubin starts with the ELF magic; anything else on disk is damage.
+bool looks_like_cubin(const std::string& s) { return s.size() > 4 && s.compare(0, 4, "\x7f" "ELF") == 0; }
+}  // namespace
+
+KernelBinary compile_spec(const KernelSpec& spec, const std::string& arch, const std::string& kernel_dir) {
+  KernelBinary b;
+  b.arch = arch;
+  b.cache_key = binary_cache_key(spec, arch);
+  const fs::path file = kernel_dir.empty() ? fs::path() : fs::path(kernel_dir) / (b.cache_key + ".cubin");
+  if (!kernel_dir.empty() && read_file(file, &b.cubin) && looks_like_cubin(b.cubin)) {
+    b.from_disk = true;
+    return b;
+  }
+  const std::string src = spec.source();
+  b.cubin = compile_cubin(src, spec.name() + ".cu", kernel_sources(), nvrtc_options(), spec.kernel_name(), arch).cubin;
+  if (!kernel_dir.empty()) write_atomic(file, b.cubin);
+  return b;
+}
+
+LoadedKernel::LoadedKernel(const KernelSpec& spec, const KernelBinary& bin) : spec_(spec) {
+  NJ_CU(cuModuleLoadData(&mod_, bin.cubin.data()));
+  try {
+    NJ_CU(cuModuleGetFunction(&fn_, mod_, spec.kernel_name()));
+    auto attr = [&](CUfunction_attribute a) {
+      int v = 0;
+      NJ_CU(cuFuncGetAttribute(&v, a, fn_));
+      return v;
+    };
+    num_regs = attr(CU_FUNC_ATTRIBUTE_NUM_REGS);
+    local_bytes = attr(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES);
+    static_smem = attr(CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES);
+    max_threads = attr(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+    if (max_threads >= spec.threads())
+      NJ_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, fn_, spec.threads(), 0));
+  } catch (...) {
+    cu().cuModuleUnload(mod_);
+    throw;
+  }
+}
+
+LoadedKernel::~LoadedKernel() {
+  if (mod_) cu().cuModuleUnload(mod_);  // errors at teardown are ignored
+}
+
+void LoadedKernel::launch(unsigned grid, unsigned block, CUstream stream, void** args) const {
+  if (grid == 0) return;
+  const CUresult r = cu().cuLaunchKernel(fn_, grid, 1, 1, block, 1, 1, 0, stream, args, nullptr);
+  if (r != CUDA_SUCCESS)
+    throw_driver_error(r, fmt::format("cuLaunchKernel({}, grid {}, block {})", spec_.name(), grid, block).c_str(),
+                       __FILE__, __LINE__);
+}
+
+std::shared_ptr<const LoadedKernel> KernelCache::get(const KernelSpec& spec, const std::string& arch,
+                                                     const KernelBinary* compiled) {
+  CUcontext ctx = nullptr;
+  NJ_CU(cuCtxGetCurrent(&ctx));
+  const std::string key = fmt::format("{}|{}|{}", static_cast<const void*>(ctx), arch, spec.name());
+  std::promise<std::shared_ptr<const LoadedKernel>> promise;
+  std::shared_future<std::shared_ptr<const LoadedKernel>> fut;
+  bool owner = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = loaded_.find(key);
+    if (it == loaded_.end()) {
+      fut = promise.get_future().share();
+      loaded_.emplace(key, fut);
+      owner = true;
+    } else {
+      fut = it->second;
+    }
+  }
+  if (owner) {
+    try {
+      promise.set_value(std::make_shared<const LoadedKernel>(
+          spec, compiled ? *compiled : compile_spec(spec, arch, kernel_dir_)));
+    } catch (...) {
+      // Forget the failure so a later call can retry, and tell every waiter.
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        loaded_.erase(key);
+      }
+      promise.set_exception(std::current_exception());
+    }
+  }
+  return fut.get();
+}
+
+}  // namespace normjit::detail

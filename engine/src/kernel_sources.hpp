@@ -1,0 +1,18 @@
+// The kernel templates (kernels_src/*.cuh): embedded at build time, or read
+// from $NORMJIT_KERNELS_DIR during kernel work.
+#pragma once
+
+#include <map>
+#include <string>
+
+namespace normjit::detail {
+
+/// File name -> text of every kernel template. Read once per process.
+const std::map<std::string, std::string>& kernel_sources();
+/// Hash over every template's name and text (32 hex digits): part of the
+/// binary-cache key and the tuned-cache match rule.
+const std::string& kernel_source_hash();
+/// "embedded" or the directory they were read from.
+const std::string& kernel_sources_origin();
+
+}  // namespace normjit::detail

@@ -1,0 +1,34 @@
+#include "ops.hpp"
+
+#include <fmt/format.h>
+
+namespace normjit::detail {
+
+void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardPtrs& p, int sm_count, CUstream s) {
+  const Geometry g = launch_geometry(Op::RmsForward, d, k.spec().cfg, sm_count, k.blocks_per_sm);
+  long long M = d.M, xs = d.x_ld(), ys = d.y_ld();
+  float eps = d.eps;
+  CUdeviceptr x = p.x, w = p.w, y = p.y, rstd = p.rstd;
+  void* args[] = {&x, &w, &y, &rstd, &M, &xs, &ys, &eps};
+  k.launch(g.grid, g.block, s, args);
+}
+
+std::size_t backward_workspace_bytes(const LoadedKernel& k, const NormDesc& d, int sm_count) {
+  if (d.M == 0) return 0;
+  const Geometry g = launch_geometry(Op::RmsBackward, d, k.spec().cfg, sm_count, k.blocks_per_sm);
+  return static_cast<std::size_t>(g.grid) * static_cast<std::size_t>(d.N) * sizeof(float);
+}
+
+void launch_backward(const LoadedKernel& k, const LoadedKernel& fin, const NormDesc& d, const BackwardPtrs& p,
+                     int sm_count, CUstream s) {
+  const Geometry g = launch_geometry(Op::RmsBackward, d, k.spec().cfg, sm_count, k.blocks_per_sm);
+  long long M = d.M, dys = d.dy_ld(), xs = d.x_ld(), dxs = d.dx_ld();
+  CUdeviceptr dy = p.dy, x = p.x, w = p.w, rstd = p.rstd, dx = p.dx, ws = p.workspace, dw = p.dw;
+  void* args[] = {&dy, &x, &w, &rstd, &dx, &ws, &M, &dys, &xs, &dxs};
+  k.launch(g.grid, g.block, s, args);
+  int programs = static_cast<int>(g.grid), n = static_cast<int>(d.N);
+  void* fargs[] = {&ws, &dw, &programs, &n};
+  fin.launch(static_cast<unsigned>((d.N + 31) / 32), 1024, s, fargs);
+}
+
+}  // namespace normjit::detail

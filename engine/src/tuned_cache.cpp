@@ -1,0 +1,414 @@
+// Tuned-config cache files: keys, reading with schema checks, locked atomic
+// merging, and the memory -> user -> shipped lookup chain.
+#include "tuned_cache.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+#include <stdexcept>
+#include <system_error>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace normjit::detail {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr std::int64_t kMiB = 1024 * 1024;
+
+std::string errno_text(int err) { return std::generic_category().message(err); }
+
+// A file that breaks the schema; what() is the reason given in the warning.
+struct SchemaError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+using TypeTest = bool (json::*)() const noexcept;
+
+// obj[name], which must exist and pass `is_type`; `where` names obj in messages.
+const json& field(const json& obj, const std::string& where, const char* name, TypeTest is_type,
+                  const char* type_name) {
+  const std::string what = where.empty() ? std::string(name) : where + "." + name;
+  const auto it = obj.find(name);
+  if (it == obj.end()) throw SchemaError(what + " is missing");
+  if (!((*it).*is_type)()) throw SchemaError(fmt::format("{} is not {}", what, type_name));
+  return *it;
+}
+
+std::string get_string(const json& obj, const std::string& where, const char* name) {
+  return field(obj, where, name, &json::is_string, "a string").get<std::string>();
+}
+
+double get_number(const json& obj, const std::string& where, const char* name) {
+  return field(obj, where, name, &json::is_number, "a number").get<double>();
+}
+
+// The parser stores every non-negative integer as unsigned, negative ones as signed.
+std::int64_t get_count(const json& obj, const std::string& where, const char* name, std::int64_t max) {
+  const json& v = field(obj, where, name, &json::is_number_unsigned, "a non-negative integer");
+  if (v.get<std::uint64_t>() > static_cast<std::uint64_t>(max))
+    throw SchemaError(fmt::format("{}.{} = {} is out of range", where, name, v.dump()));
+  return static_cast<std::int64_t>(v.get<std::uint64_t>());
+}
+
+LaunchConfig get_config(const json& obj, const std::string& where, const char* name) {
+  const std::string text = get_string(obj, where, name);
+  try {
+    return LaunchConfig::parse(text);
+  } catch (const Error& e) {
+    throw SchemaError(fmt::format("{}.{}: {}", where, name, e.message()));
+  }
+}
+
+TunedEntry parse_entry(const json& e, const std::string& where) {
+  if (!e.is_object()) throw SchemaError(where + " is not an object");
+  TunedEntry entry;
+  entry.winner = get_config(e, where, "winner");
+  entry.winner_us = get_number(e, where, "winner_us");
+  entry.tuned_at = get_string(e, where, "tuned_at");
+  const json& candidates = field(e, where, "candidates", &json::is_array, "an array");
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    const std::string cw = fmt::format("{}.candidates[{}]", where, i);
+    const json& c = candidates[i];
+    if (!c.is_object()) throw SchemaError(cw + " is not an object");
+    CandidateTiming t;
+    t.config = get_config(c, cw, "config");
+    t.median_us = get_number(c, cw, "median_us");
+    if (c.contains("rejected")) t.rejected = get_string(c, cw, "rejected");
+    entry.candidates.push_back(std::move(t));
+  }
+  return entry;
+}
+
+TunedCacheFile parse_cache_file(const std::string& path, const json& doc) {
+  if (!doc.is_object()) throw SchemaError("the top level is not a JSON object");
+  // Checked first, so a file of another schema is reported as such.
+  const json& version = field(doc, "", "schema_version", &json::is_number_integer, "an integer");
+  if (version != kTunedCacheSchemaVersion)
+    throw SchemaError(fmt::format("schema_version {} is not the supported {}", version.dump(),
+                                  kTunedCacheSchemaVersion));
+  TunedCacheFile file;
+  file.path = path;
+
+  const json& dev = field(doc, "", "device", &json::is_object, "an object");
+  file.device.name = get_string(dev, "device", "name");
+  static const std::regex cc_re(R"((\d{1,4})\.(\d{1,4}))");
+  const std::string cc = get_string(dev, "device", "compute_capability");
+  std::smatch m;
+  if (!std::regex_match(cc, m, cc_re))
+    throw SchemaError(fmt::format("device.compute_capability '{}' is not of the form <major>.<minor>", cc));
+  file.device.cc_major = std::stoi(m[1]);
+  file.device.cc_minor = std::stoi(m[2]);
+  file.device.sm_count = static_cast<int>(get_count(dev, "device", "sm_count", INT_MAX));
+  file.device.l2_bytes = get_count(dev, "device", "l2_bytes", INT64_MAX);
+  // The key is what matching compares; it must agree with the fields it summarises.
+  const std::string key = get_string(dev, "device", "key");
+  if (key != file.device.key())
+    throw SchemaError(fmt::format("device.key '{}' does not match the device fields ('{}')", key,
+                                  file.device.key()));
+
+  const json& meta = field(doc, "", "metadata", &json::is_object, "an object");
+  file.metadata.engine_version = get_string(meta, "metadata", "engine_version");
+  file.metadata.kernel_source_hash = get_string(meta, "metadata", "kernel_source_hash");
+  file.metadata.nvrtc_version = get_string(meta, "metadata", "nvrtc_version");
+  file.metadata.driver_version = static_cast<int>(get_count(meta, "metadata", "driver_version", INT_MAX));
+
+  const json& entries = field(doc, "", "entries", &json::is_object, "an object");
+  for (auto it = entries.begin(); it != entries.end(); ++it)
+    file.entries.emplace(it.key(), parse_entry(it.value(), fmt::format("entries[\"{}\"]", it.key())));
+  return file;
+}
+
+json to_json(const DeviceFingerprint& device, const CacheMetadata& metadata,
+             const std::map<std::string, TunedEntry>& entries) {
+  json doc;
+  doc["schema_version"] = kTunedCacheSchemaVersion;
+  doc["device"] = {{"key", device.key()},
+                   {"name", device.name},
+                   {"compute_capability", fmt::format("{}.{}", device.cc_major, device.cc_minor)},
+                   {"sm_count", device.sm_count},
+                   {"l2_bytes", device.l2_bytes}};
+  doc["metadata"] = {{"engine_version", metadata.engine_version},
+                     {"kernel_source_hash", metadata.kernel_source_hash},
+                     {"nvrtc_version", metadata.nvrtc_version},
+                     {"driver_version", metadata.driver_version}};
+  json& out = doc["entries"] = json::object();
+  for (const auto& [key, entry] : entries) {
+    json candidates = json::array();
+    for (const CandidateTiming& c : entry.candidates) {
+      json jc = {{"config", c.config.str()}, {"median_us", c.median_us}};
+      if (!c.rejected.empty()) jc["rejected"] = c.rejected;
+      candidates.push_back(std::move(jc));
+    }
+    out[key] = {{"winner", entry.winner.str()},
+                {"winner_us", entry.winner_us},
+                {"tuned_at", entry.tuned_at},
+                {"candidates", std::move(candidates)}};
+  }
+  return doc;
+}
+
+// Reads the whole file into `out`; returns 0 or the errno of the failing call.
+int read_whole_file(const std::string& path, std::string& out) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  char buf[65536];
+  int err = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n > 0) {
+      out.append(buf, static_cast<std::size_t>(n));
+    } else if (n == 0) {
+      break;
+    } else if (errno != EINTR) {
+      err = errno;
+      break;
+    }
+  }
+  ::close(fd);
+  return err;
+}
+
+// Replaces `path` with `text` so that readers see the old or the new file,
+// never a partial one, even across a crash.
+void write_atomically(const std::string& path, const std::string& text) {
+  static std::atomic<unsigned> counter{0};
+  const std::string tmp = fmt::format("{}.tmp.{}.{}", path, ::getpid(), counter++);
+  const auto fail = [&](const char* step, int err) {
+    ::unlink(tmp.c_str());
+    return Error(ErrorKind::Cache,
+                 fmt::format("cannot write tuned cache {}: {} failed: {}", path, step, errno_text(err)));
+  };
+  // No O_EXCL: a leftover of the same name belongs to a dead process with our pid.
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw fail("creating the temporary file", errno);
+  for (std::size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      throw fail("write", err);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw fail("fsync", err);
+  }
+  if (::close(fd) != 0) throw fail("close", errno);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) throw fail("rename", errno);
+  // Makes the rename durable. Best effort: the new file is already in place,
+  // and some file systems refuse fsync on directories.
+  const fs::path dir = fs::path(path).parent_path();
+  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+// An exclusive flock on `lock_path`, held until destruction (closing the
+// descriptor releases it). The lock file stays: deleting it would let two
+// writers lock different inodes of the same name.
+class FileLock {
+ public:
+  FileLock(const std::string& lock_path, int timeout_ms) {
+    fd_ = ::open(lock_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+    if (fd_ < 0)
+      throw Error(ErrorKind::Cache, fmt::format("cannot open lock file {}: {}", lock_path, errno_text(errno)));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    // Polled rather than blocking, so the wait can time out.
+    while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      if (err == EINTR) continue;
+      if (err != EWOULDBLOCK || std::chrono::steady_clock::now() >= deadline) {
+        ::close(fd_);
+        throw Error(ErrorKind::Cache,
+                    err == EWOULDBLOCK
+                        ? fmt::format("timed out after {} ms waiting for the lock {}", timeout_ms, lock_path)
+                        : fmt::format("cannot lock {}: {}", lock_path, errno_text(err)));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  ~FileLock() { ::close(fd_); }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace
+
+std::string DeviceFingerprint::key() const {
+  return fmt::format("{}|cc{}.{}|{}sm|{}MiB", name, cc_major, cc_minor, sm_count, l2_bytes / kMiB);
+}
+
+std::string DeviceFingerprint::slug() const {
+  // ASCII only, independent of the locale.
+  std::string s;
+  for (char c : name) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'))
+      s += c;
+    else if (!s.empty() && s.back() != '-')
+      s += '-';
+  }
+  if (!s.empty() && s.back() == '-') s.pop_back();
+  return fmt::format("{}.cc{}{}.{}sm.{}mib", s, cc_major, cc_minor, sm_count, l2_bytes / kMiB);
+}
+
+std::int64_t m_bucket(std::int64_t M) {
+  constexpr std::int64_t kCap = 65536;
+  if (M <= 0) return 0;
+  if (M >= kCap) return kCap;
+  std::int64_t b = 1;
+  while (b < M) b *= 2;
+  return b;
+}
+
+std::string shape_key(Op op, const NormDesc& desc) {
+  return fmt::format("{}:x={}:y={}:w={}:N={}:M<={}{}", op_name(op), dtype_name(desc.x_dtype),
+                     dtype_name(desc.y_dtype), dtype_name(desc.weight_dtype), desc.N, m_bucket(desc.M),
+                     op == Op::RmsForward && desc.store_rstd ? ":rstd" : "");
+}
+
+std::optional<TunedCacheFile> read_tuned_cache_file(const std::string& path, const WarnFn& warn) {
+  std::string text;
+  std::string reason;
+  if (const int err = read_whole_file(path, text)) {
+    if (err == ENOENT) return std::nullopt;
+    reason = fmt::format("cannot read it: {}", errno_text(err));
+  } else if (text.empty()) {
+    reason = "the file is empty";
+  } else {
+    // Anything thrown here means a bad file, never a bug worth crashing for.
+    try {
+      return parse_cache_file(path, json::parse(text));
+    } catch (const json::parse_error& e) {
+      reason = fmt::format("not valid JSON ({})", e.what());
+    } catch (const std::exception& e) {
+      reason = e.what();
+    }
+  }
+  warn(fmt::format("ignoring tuned cache {}: {}", path, reason));
+  return std::nullopt;
+}
+
+std::vector<TunedCacheFile> list_tuned_cache_files(const std::string& dir, const WarnFn& warn) {
+  std::vector<std::string> paths;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (std::error_code type_ec; it->path().extension() == ".json" && it->is_regular_file(type_ec))
+      paths.push_back(it->path().string());
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    warn(fmt::format("cannot list tuned caches in {}: {}", dir, ec.message()));
+  std::sort(paths.begin(), paths.end());
+  std::vector<TunedCacheFile> files;
+  for (const std::string& p : paths)
+    if (auto f = read_tuned_cache_file(p, warn)) files.push_back(std::move(*f));
+  return files;
+}
+
+void merge_into_tuned_cache_file(const std::string& path, const DeviceFingerprint& device,
+                                 const CacheMetadata& metadata,
+                                 const std::map<std::string, TunedEntry>& entries, int lock_timeout_ms) {
+  const fs::path parent = fs::path(path).parent_path();
+  if (!parent.empty()) {
+    std::error_code ec;
+    fs::create_directories(parent, ec);
+    if (ec)
+      throw Error(ErrorKind::Cache, fmt::format("cannot create directory {}: {}", parent.string(), ec.message()));
+  }
+  FileLock lock(path + ".lock", lock_timeout_ms);
+  std::map<std::string, TunedEntry> merged;
+  if (auto old = read_tuned_cache_file(path, default_warn);
+      old && old->device.key() == device.key() &&
+      old->metadata.kernel_source_hash == metadata.kernel_source_hash)
+    merged = std::move(old->entries);
+  for (const auto& [key, entry] : entries) merged[key] = entry;
+  // Replacing invalid UTF-8 (e.g. in a compiler log quoted in `rejected`) keeps dump() from throwing.
+  write_atomically(path, to_json(device, metadata, merged).dump(1, ' ', false, json::error_handler_t::replace) + "\n");
+}
+
+TunedCache::TunedCache(std::string user_dir, std::vector<std::string> shipped_dirs, DeviceFingerprint device,
+                       CacheMetadata metadata, WarnFn warn)
+    : user_dir_(std::move(user_dir)),
+      shipped_dirs_(std::move(shipped_dirs)),
+      device_(std::move(device)),
+      metadata_(std::move(metadata)),
+      warn_(warn ? std::move(warn) : WarnFn(default_warn)),
+      shipped_(shipped_dirs_.size()) {}
+
+std::string TunedCache::user_file() const { return (fs::path(user_dir_) / (device_.slug() + ".json")).string(); }
+
+std::map<std::string, TunedEntry> TunedCache::load_matching(const std::string& path) {
+  auto file = read_tuned_cache_file(path, warn_);
+  if (!file) return {};
+  if (file->device.key() != device_.key()) {
+    warn_(fmt::format("tuned cache {} is for device '{}', not '{}'; ignoring it", path, file->device.key(),
+                      device_.key()));
+    return {};
+  }
+  if (file->metadata.kernel_source_hash != metadata_.kernel_source_hash) {
+    warn_(fmt::format("tuned cache {} was tuned for other kernel sources (hash {}, expected {}); ignoring it",
+                      path, file->metadata.kernel_source_hash, metadata_.kernel_source_hash));
+    return {};
+  }
+  return std::move(file->entries);
+}
+
+std::optional<TunedEntry> TunedCache::lookup(const std::string& key, ConfigSource* source) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto find = [&](const std::map<std::string, TunedEntry>& m, ConfigSource from) -> const TunedEntry* {
+    const auto it = m.find(key);
+    if (it == m.end()) return nullptr;
+    if (source) *source = from;
+    return &it->second;
+  };
+  if (const TunedEntry* e = find(memory_, ConfigSource::Memory)) return *e;
+  if (!user_) user_ = load_matching(user_file());
+  if (const TunedEntry* e = find(*user_, ConfigSource::UserCache)) return *e;
+  for (std::size_t i = 0; i < shipped_dirs_.size(); ++i) {
+    if (!shipped_[i]) shipped_[i] = load_matching((fs::path(shipped_dirs_[i]) / (device_.slug() + ".json")).string());
+    if (const TunedEntry* e = find(*shipped_[i], ConfigSource::ShippedCache)) return *e;
+  }
+  return std::nullopt;
+}
+
+void TunedCache::store(const std::string& key, const TunedEntry& entry) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    memory_[key] = entry;
+    if (user_) (*user_)[key] = entry;
+  }
+  // Outside mu_: the merge does I/O and may wait for the file lock, which
+  // also serialises concurrent stores.
+  merge_into_tuned_cache_file(user_file(), device_, metadata_, {{key, entry}});
+}
+
+void default_warn(const std::string& text) {
+  static std::mutex mu;
+  static std::set<std::string> printed;
+  std::lock_guard<std::mutex> lock(mu);
+  if (printed.insert(text).second) fmt::print(stderr, "normjit: warning: {}\n", text);
+}
+
+}  // namespace normjit::detail

@@ -1,0 +1,168 @@
+// RMSNorm backward (Zhang & Sennrich 2019). With xhat = x * rstd, g = dy * w:
+//   dx[i,j]  = rstd[i] * (g[i,j] - xhat[i,j] * mean_j(g[i,j] * xhat[i,j]))
+//   dw[j]    = sum_i dy[i,j] * xhat[i,j]
+// dw is reduced deterministically in two stages: this persistent kernel
+// (gridDim.x programs, each a fixed set of rows in a fixed order) writes one
+// fp32 partial row per program into `partial` (gridDim.x x N, never M x N);
+// normjit_dw_finalize (dweight_finalize.cuh) sums the partial rows in order.
+//
+// Spec (see rmsnorm_fwd.cuh) plus nothing else; x_t is also dx's dtype, y_t
+// dy's. TWO_PASS needs ROWS == 1.
+#pragma once
+#include "common.cuh"
+
+extern "C" __global__ void __launch_bounds__(Spec::TPR * Spec::ROWS)
+normjit_rms_bwd(const typename Spec::y_t* __restrict__ dy, const typename Spec::x_t* __restrict__ x,
+                const typename Spec::w_t* __restrict__ w, const float* __restrict__ rstd,
+                typename Spec::x_t* __restrict__ dx, float* __restrict__ partial, long long M,
+                long long dy_stride, long long x_stride, long long dx_stride) {
+  using S = Spec;
+  using x_t = typename S::x_t;
+  using y_t = typename S::y_t;
+  using w_t = typename S::w_t;
+  using index_t = typename S::index_t;
+  using L = nj::RowLayout<S::N, S::VEC, S::TPR>;
+  static_assert(!S::TWO_PASS || S::ROWS == 1, "two-pass backward handles one row per program");
+  __shared__ float red[S::ROWS][S::TPR > 32 ? S::TPR / 32 : 1];
+
+  const int lane = threadIdx.x % S::TPR;
+  const int rg = threadIdx.x / S::TPR;
+  constexpr float inv_n = 1.0f / S::N;
+  const long long step = (long long)gridDim.x * S::ROWS;
+  float* prow = partial + (index_t)blockIdx.x * S::N;
+
+  if constexpr (!S::TWO_PASS) {
+    float wf[L::ITERS][S::VEC];   // weight, loaded once per program
+    float acc[L::ITERS][S::VEC];  // this thread's share of dw
+#pragma unroll
+    for (int i = 0; i < L::ITERS; ++i) {
+      const int col = (lane + i * S::TPR) * S::VEC;
+      nj::Vec<w_t, S::VEC> wv;
+      if (L::EXACT || col < S::N) {
+        wv = nj::load_chunk<S::N, S::VEC>(w, col, L::EXACT);
+      } else {
+#pragma unroll
+        for (int k = 0; k < S::VEC; ++k) wv.v[k] = nj::from_float<w_t>(0.f);
+      }
+#pragma unroll
+      for (int k = 0; k < S::VEC; ++k) {
+        wf[i][k] = nj::to_float(wv.v[k]);
+        acc[i][k] = 0.f;
+      }
+    }
+    // Same trip count for every thread of the block (barriers in row_sum).
+    for (long long base = (long long)blockIdx.x * S::ROWS; base < M; base += step) {
+      const long long row = base + rg;
+      const bool valid = row < M;
+      const index_t r_ = (index_t)(valid ? row : 0);
+      const x_t* xr = x + r_ * (index_t)x_stride;
+      const y_t* dyr = dy + r_ * (index_t)dy_stride;
+      nj::Vec<x_t, S::VEC> xv[L::ITERS];
+      nj::Vec<y_t, S::VEC> dyv[L::ITERS];
+      const float r = valid ? rstd[row] : 0.f;
+      float dot = 0.f;
+#pragma unroll
+      for (int i = 0; i < L::ITERS; ++i) {
+        const int col = (lane + i * S::TPR) * S::VEC;
+        if (valid && (L::EXACT || col < S::N)) {
+          xv[i] = nj::load_chunk<S::N, S::VEC>(xr, col, L::EXACT);
+          dyv[i] = nj::load_chunk<S::N, S::VEC>(dyr, col, L::EXACT);
+        } else {
+#pragma unroll
+          for (int k = 0; k < S::VEC; ++k) {
+            xv[i].v[k] = nj::from_float<x_t>(0.f);
+            dyv[i].v[k] = nj::from_float<y_t>(0.f);
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < S::VEC; ++k)
+          dot += nj::to_float(dyv[i].v[k]) * wf[i][k] * nj::to_float(xv[i].v[k]);
+      }
+      // mean(g * xhat) = rstd * mean(dy * w * x)
+      const float c = nj::row_sum<S::TPR, S::ROWS>(dot, red) * r * inv_n;
+      x_t* dxr = dx + r_ * (index_t)dx_stride;
+#pragma unroll
+      for (int i = 0; i < L::ITERS; ++i) {
+        const int col = (lane + i * S::TPR) * S::VEC;
+        if (valid && (L::EXACT || col < S::N)) {
+          nj::Vec<x_t, S::VEC> dxv;
+#pragma unroll
+          for (int k = 0; k < S::VEC; ++k) {
+            const float xh = nj::to_float(xv[i].v[k]) * r;
+            const float d = nj::to_float(dyv[i].v[k]);
+            dxv.v[k] = nj::from_float<x_t>(r * (d * wf[i][k] - xh * c));
+            acc[i][k] += d * xh;
+          }
+          nj::store_chunk<S::N, S::VEC>(dxr, col, dxv, L::EXACT);
+        }
+      }
+    }
+    if constexpr (S::ROWS == 1) {
+#pragma unroll
+      for (int i = 0; i < L::ITERS; ++i) {
+        const int col = (lane + i * S::TPR) * S::VEC;
+#pragma unroll
+        for (int k = 0; k < S::VEC; ++k)
+          if (L::EXACT || col + k < S::N) prow[col + k] = acc[i][k];
+      }
+    } else {
+      // Several rows per program: add the row groups' shares in group order.
+      __shared__ float dw_s[S::N];
+      for (int g = 0; g < S::ROWS; ++g) {
+        if (rg == g) {
+#pragma unroll
+          for (int i = 0; i < L::ITERS; ++i) {
+            const int col = (lane + i * S::TPR) * S::VEC;
+#pragma unroll
+            for (int k = 0; k < S::VEC; ++k)
+              if (L::EXACT || col + k < S::N) dw_s[col + k] = (g == 0 ? 0.f : dw_s[col + k]) + acc[i][k];
+          }
+        }
+        __syncthreads();
+      }
+      for (int j = threadIdx.x; j < S::N; j += S::TPR * S::ROWS) prow[j] = dw_s[j];
+    }
+  } else {
+    // Wide rows: two passes over x and dy per row; this program's partial row
+    // (fp32, mostly L2-resident) accumulates dw in place.
+    bool first = true;
+    for (long long row = blockIdx.x; row < M; row += step) {
+      const x_t* xr = x + (index_t)row * (index_t)x_stride;
+      const y_t* dyr = dy + (index_t)row * (index_t)dy_stride;
+      x_t* dxr = dx + (index_t)row * (index_t)dx_stride;
+      const float r = rstd[row];
+      float dot = 0.f;
+#pragma unroll 4
+      for (int cidx = lane; cidx < L::CHUNKS; cidx += S::TPR) {
+        const int col = cidx * S::VEC;
+        const auto xv = nj::load_chunk<S::N, S::VEC>(xr, col, L::EXACT);
+        const auto dyv = nj::load_chunk<S::N, S::VEC>(dyr, col, L::EXACT);
+        const auto wv = nj::load_chunk<S::N, S::VEC>(w, col, L::EXACT);
+#pragma unroll
+        for (int k = 0; k < S::VEC; ++k)
+          dot += nj::to_float(dyv.v[k]) * nj::to_float(wv.v[k]) * nj::to_float(xv.v[k]);
+      }
+      const float c = nj::row_sum<S::TPR, S::ROWS>(dot, red) * r * inv_n;
+#pragma unroll 4
+      for (int cidx = lane; cidx < L::CHUNKS; cidx += S::TPR) {
+        const int col = cidx * S::VEC;
+        const auto xv = nj::load_chunk<S::N, S::VEC>(xr, col, L::EXACT);
+        const auto dyv = nj::load_chunk<S::N, S::VEC>(dyr, col, L::EXACT);
+        const auto wv = nj::load_chunk<S::N, S::VEC>(w, col, L::EXACT);
+        nj::Vec<x_t, S::VEC> dxv;
+#pragma unroll
+        for (int k = 0; k < S::VEC; ++k) {
+          const float xh = nj::to_float(xv.v[k]) * r;
+          const float d = nj::to_float(dyv.v[k]);
+          dxv.v[k] = nj::from_float<x_t>(r * (d * nj::to_float(wv.v[k]) - xh * c));
+          if (col + k < S::N) prow[col + k] = (first ? 0.f : prow[col + k]) + d * xh;
+        }
+        nj::store_chunk<S::N, S::VEC>(dxr, col, dxv, L::EXACT);
+      }
+      first = false;
+    }
+    if (first) {  // a program with no rows still owns a partial row
+      for (int j = threadIdx.x; j < S::N; j += S::TPR) prow[j] = 0.f;
+    }
+  }
+}

@@ -1,0 +1,406 @@
+// normjit: tune, benchmark, precompile and inspect normjit kernels.
+//
+//   normjit tune    --model config.json | --shape rms:bf16:8192x4096 ...
+//   normjit bench   --model config.json | --shape ... [--json out.json]
+//   normjit compile --arch sm_90 --model config.json | --shape ...
+//   normjit cache   list | show | clear
+//   normjit doctor
+//
+// Exit codes: 0 ok, 1 error, 2 bad command line, 3 no GPU (for tune/bench).
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "autotune.hpp"
+#include "driver.hpp"
+#include "host_dtype.hpp"
+#include "kernel_sources.hpp"
+#include "nvrtc.hpp"
+#include "reference.hpp"
+#include "shapes.hpp"
+#include "tuned_cache.hpp"
+
+using namespace normjit;
+using namespace normjit::detail;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kExitNoGpu = 3;
+
+struct ShapeOptions {
+  std::string model;
+  std::vector<std::string> shapes;
+  std::vector<std::int64_t> tokens = default_token_counts();
+  std::string op = "both";
+};
+
+void add_shape_options(CLI::App* app, ShapeOptions& o) {
+  auto* model = app->add_option("--model", o.model, "Hugging Face config.json: its RMSNorm shapes (hidden_size; head_dim QK-norm)")
+                    ->check(CLI::ExistingFile);
+  app->add_option("--shape", o.shapes, "A shape, rms:<dtype>:<M>x<N>[:w=<dtype>], e.g. rms:bf16:8192x4096 (repeatable)");
+  app->add_option("--tokens", o.tokens, "Token counts for --model")->delimiter(',')->needs(model);
+  app->add_option("--op", o.op, "Which kernels")->check(CLI::IsMember({"fwd", "bwd", "both"}));
+}
+
+std::vector<NamedShape> resolve_shapes(const ShapeOptions& o) {
+  std::vector<NamedShape> out;
+  if (!o.model.empty()) out = shapes_from_model_config(o.model, o.tokens);
+  for (const auto& s : o.shapes) out.push_back(parse_shape_spec(s));
+  if (out.empty()) throw CLI::ValidationError("--model or --shape", "give at least one --model or --shape");
+  return out;
+}
+
+std::vector<Op> ops_of(const std::string& op) {
+  if (op == "fwd") return {Op::RmsForward};
+  if (op == "bwd") return {Op::RmsBackward};
+  return {Op::RmsForward, Op::RmsBackward};
+}
+
+// Tuning and benchmarks need a GPU: say plainly what is missing.
+bool require_gpu(const char* what) {
+  std::string why;
+  if (gpu_available(&why)) return true;
+  fmt::print(stderr, "normjit: {} needs an NVIDIA GPU, and none can be used here: {}\n", what, why);
+  return false;
+}
+
+std::string fmt_bytes(double b) {
+  return b >= 1e9 ? fmt::format("{:.2f} GB", b / 1e9) : b >= 1e6 ? fmt::format("{:.1f} MB", b / 1e6) : fmt::format("{:.0f} KB", b / 1e3);
+}
+
+// ---- tune -------------------------------------------------------------------
+
+int cmd_tune(Engine& engine, const ShapeOptions& so) {
+  const auto shapes = resolve_shapes(so);
+  if (!require_gpu("tuning")) return kExitNoGpu;
+  const auto ops = ops_of(so.op);
+  const int total = static_cast<int>(shapes.size() * ops.size());
+  int i = 0;
+  for (const auto& s : shapes)
+    for (Op op : ops) {
+      ++i;
+      fmt::print("[{}/{}] {} {} {}\n", i, total, op_name(op), s.name, s.desc.str());
+      std::fflush(stdout);
+      const TuneResult r = engine.tune(op, s.desc);
+      int passed = 0;
+      for (const auto& c : r.candidates) passed += c.median_us > 0;
+      fmt::print("        winner {} {:.2f} us ({} of {} candidates passed)\n", r.winner.str(), r.winner_us, passed,
+                 r.candidates.size());
+    }
+  fmt::print("tuned configs stored in {}/tuned\n", engine.cache_dir());
+  return 0;
+}
+
+// ---- bench ------------------------------------------------------------------
+
+struct BenchRow {
+  std::string name, op, shape, config, source;
+  double us = 0, gbps = 0, copy_us = 0, sol = 0, err = 0, tol = 0;
+  double bytes = 0;
+};
+
+// Runs op once on random data and compares with the float64 reference.
+double check_against_reference(Engine& engine, Op op, const NormDesc& d, double* tol) {
+  Scratch s(op, d, 0xbe4c0000u + d.N);
+  auto host = [](const DeviceBuffer& b) {
+    std::vector<unsigned char> h(b.bytes());
+    NJ_CU(cuCtxSynchronize());
+    NJ_CU(cuMemcpyDtoH(h.data(), b.get(), h.size()));
+    return h;
+  };
+  auto as_float = [&](const std::vector<unsigned char>& raw, DType t, std::int64_t rows, std::int64_t ld) {
+    std::vector<float> v;
+    v.reserve(rows * d.N);
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t j = 0; j < d.N; ++j) v.push_back(load_as(t, raw.data(), r * ld + j));
+    return v;
+  };
+  const auto hx = host(s.x), hw = host(s.w);
+  if (op == Op::RmsForward) {
+    s.poison(op, d);
+    engine.rms_norm_forward(d, s.x.ptr(), s.w.ptr(), s.y.ptr(), static_cast<float*>(s.rstd.ptr()), nullptr);
+    std::vector<double> y, rstd;
+    rms_forward_reference(d, hx.data(), hw.data(), &y, &rstd);
+    *tol = tolerance(d.y_dtype);
+    const auto hr = host(s.rstd);
+    return std::max(relative_error(as_float(host(s.y), d.y_dtype, d.M, d.y_ld()), y),
+                    relative_error(as_float(hr, DType::F32, 1, d.M), rstd));
+  }
+  const auto hdy = host(s.dy), hrstd = host(s.rstd);
+  DeviceBuffer ws(std::max<std::size_t>(16, engine.rms_norm_backward_workspace_size(d)));
+  s.poison(op, d);
+  engine.rms_norm_backward(d, s.dy.ptr(), s.x.ptr(), s.w.ptr(), static_cast<const float*>(s.rstd.ptr()), s.dx.ptr(),
+                           s.dw.ptr(), ws.ptr(), ws.bytes(), nullptr);
+  std::vector<double> dx, dw;
+  rms_backward_reference(d, hdy.data(), hx.data(), hw.data(), reinterpret_cast<const float*>(hrstd.data()), &dx, &dw);
+  *tol = std::max(tolerance(d.x_dtype), tolerance(d.weight_dtype));
+  return std::max(relative_error(as_float(host(s.dx), d.x_dtype, d.M, d.dx_ld()), dx),
+                  relative_error(as_float(host(s.dw), d.weight_dtype, 1, d.N), dw));
+}
+
+BenchRow bench_one(Engine& engine, const DeviceInfo& dev, const DeviceBuffer& flush, Op op, const NamedShape& s,
+                   int reps, bool check) {
+  const NormDesc& d = s.desc;
+  BenchRow row;
+  row.name = s.name;
+  row.op = op_name(op);
+  row.shape = d.str();
+  ConfigSource src{};
+  row.config = engine.config_for(op, d, &src).str();
+  row.source = config_source_name(src);
+  const double act = static_cast<double>(d.M) * d.N;
+  if (op == Op::RmsForward)
+    row.bytes = act * (dtype_size(d.x_dtype) + dtype_size(d.y_dtype)) + d.N * dtype_size(d.weight_dtype) +
+                (d.store_rstd ? 4.0 * d.M : 0);
+  else
+    row.bytes = act * (dtype_size(d.y_dtype) + 2 * dtype_size(d.x_dtype)) + 2.0 * d.N * dtype_size(d.weight_dtype) + 4.0 * d.M;
+  Scratch sc(op, d, 0xbe4c0000u + d.N);
+  if (op == Op::RmsForward) {
+    row.us = median_us([&](CUstream st) {
+      engine.rms_norm_forward(d, sc.x.ptr(), sc.w.ptr(), sc.y.ptr(), static_cast<float*>(sc.rstd.ptr()), st);
+    }, flush, reps);
+  } else {
+    DeviceBuffer ws(std::max<std::size_t>(16, engine.rms_norm_backward_workspace_size(d)));
+    row.us = median_us([&](CUstream st) {
+      engine.rms_norm_backward(d, sc.dy.ptr(), sc.x.ptr(), sc.w.ptr(), static_cast<const float*>(sc.rstd.ptr()),
+                               sc.dx.ptr(), sc.dw.ptr(), ws.ptr(), ws.bytes(), st);
+    }, flush, reps);
+  }
+  // Speed of light: a device copy that reads and writes the same bytes.
+  const std::size_t half = static_cast<std::size_t>(row.bytes / 2);
+  DeviceBuffer a(half), b(half);
+  row.copy_us = median_us([&](CUstream st) { NJ_CU(cuMemcpyDtoDAsync(b.get(), a.get(), half, st)); }, flush, reps);
+  row.gbps = row.bytes / (row.us * 1e3);
+  row.sol = 100.0 * row.copy_us / row.us;
+  if (check) row.err = check_against_reference(engine, op, d, &row.tol);
+  (void)dev;
+  return row;
+}
+
+int cmd_bench(Engine& engine, const ShapeOptions& so, const std::string& json_path, int reps, bool check) {
+  const auto shapes = resolve_shapes(so);
+  if (!require_gpu("benchmarking")) return kExitNoGpu;
+  const DeviceInfo dev = device_info(current_device());
+  const DeviceBuffer flush = make_flush_buffer(dev);
+  std::vector<BenchRow> rows;
+  for (const auto& s : shapes)
+    for (Op op : ops_of(so.op)) rows.push_back(bench_one(engine, dev, flush, op, s, reps, check));
+  int driver = 0;
+  cu().cuDriverGetVersion(&driver);
+  fmt::print("\nGPU: {} ({}, {} SMs, L2 {} MiB), driver {}, NVRTC {}; median of {} runs, L2 flushed before each\n",
+             dev.name, dev.arch(), dev.sm_count, dev.l2_bytes >> 20, driver, nvrtc().version, reps);
+  fmt::print("SOL% = time of a device copy moving the same bytes / kernel time\n\n");
+  fmt::print("{:<7} {:<14} {:<32} {:<15} {:<13} {:>10} {:>9} {:>9} {:>6} {:>9} {}\n", "op", "name", "shape", "config",
+             "from", "bytes", "us", "GB/s", "SOL%", "copy us", check ? "check (rel err / tol)" : "");
+  bool all_ok = true;
+  for (const auto& r : rows) {
+    const bool ok = !check || r.err <= r.tol;
+    all_ok = all_ok && ok;
+    fmt::print("{:<7} {:<14} {:<32} {:<15} {:<13} {:>10} {:>9.2f} {:>9.1f} {:>5.1f}% {:>9.2f} {}\n", r.op, r.name, r.shape,
+               r.config, r.source, fmt_bytes(r.bytes), r.us, r.gbps, r.sol, r.copy_us,
+               check ? fmt::format("{} {:.1e} / {:.1e}", ok ? "ok  " : "FAIL", r.err, r.tol) : "");
+  }
+  if (!json_path.empty()) {
+    nlohmann::json j;
+    j["gpu"] = {{"name", dev.name}, {"arch", dev.arch()}, {"sm_count", dev.sm_count}, {"l2_bytes", dev.l2_bytes},
+                {"driver_version", driver}};
+    j["nvrtc_version"] = nvrtc().version;
+    j["engine_version"] = NORMJIT_VERSION_STRING;
+    j["reps"] = reps;
+    for (const auto& r : rows)
+      j["rows"].push_back({{"op", r.op}, {"name", r.name}, {"shape", r.shape}, {"config", r.config},
+                           {"config_source", r.source}, {"bytes", r.bytes}, {"us", r.us}, {"gbps", r.gbps},
+                           {"copy_us", r.copy_us}, {"sol_pct", r.sol}, {"rel_err", r.err}, {"tolerance", r.tol}});
+    std::ofstream(json_path) << j.dump(2) << "\n";
+    fmt::print("\nwrote {}\n", json_path);
+  }
+  if (!all_ok) fmt::print(stderr, "normjit: some kernels do not match the float64 reference\n");
+  return all_ok ? 0 : 1;
+}
+
+// ---- compile ----------------------------------------------------------------
+
+int cmd_compile(Engine& engine, const ShapeOptions& so, const std::string& arch) {
+  const auto shapes = resolve_shapes(so);
+  nvrtc();  // fail early, with the paths tried, when NVRTC is missing
+  int total = 0;
+  std::vector<std::string> failures;
+  for (const auto& s : shapes)
+    for (Op op : ops_of(so.op)) {
+      const int n = engine.precompile(op, s.desc, arch, &failures);
+      fmt::print("{} {:<14} {:<32} {} variants for {}\n", op_name(op), s.name, s.desc.str(), n, arch);
+      total += n;
+    }
+  fmt::print("{} kernel variants compiled or found in {}/kernels\n", total, engine.cache_dir());
+  for (const auto& f : failures) fmt::print(stderr, "normjit: {}\n", f);
+  return failures.empty() ? 0 : 1;
+}
+
+// ---- cache ------------------------------------------------------------------
+
+void print_file_summary(const TunedCacheFile& f) {
+  const bool current = f.metadata.kernel_source_hash == kernel_source_hash();
+  fmt::print("{}\n  device {}\n  {} entries, engine {}, NVRTC {}, kernels {}\n", f.path, f.device.key(), f.entries.size(),
+             f.metadata.engine_version, f.metadata.nvrtc_version,
+             current ? "current" : "stale (tuned for other kernel sources; ignored)");
+}
+
+int cmd_cache_list(Engine& engine) {
+  const std::string user = engine.cache_dir() + "/tuned";
+  fmt::print("user cache: {}\n", user);
+  for (const auto& f : list_tuned_cache_files(user, default_warn)) print_file_summary(f);
+  for (const auto& dir : engine.shipped_cache_dirs()) {
+    fmt::print("shipped cache: {}\n", dir);
+    for (const auto& f : list_tuned_cache_files(dir, default_warn)) print_file_summary(f);
+  }
+  std::size_t cubins = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(engine.cache_dir() + "/kernels", ec)) cubins += e.path().extension() == ".cubin";
+  fmt::print("compiled kernels: {} in {}/kernels\n", cubins, engine.cache_dir());
+  return 0;
+}
+
+int cmd_cache_show(Engine& engine, std::string file) {
+  std::vector<TunedCacheFile> files;
+  if (!file.empty()) {
+    auto f = read_tuned_cache_file(file, default_warn);
+    if (!f) throw Error(ErrorKind::InvalidArgument, fmt::format("--file '{}' is not a readable tuned cache", file));
+    files.push_back(*f);
+  } else {
+    files = list_tuned_cache_files(engine.cache_dir() + "/tuned", default_warn);
+  }
+  for (const auto& f : files) {
+    print_file_summary(f);
+    for (const auto& [key, e] : f.entries) {
+      int passed = 0;
+      for (const auto& c : e.candidates) passed += c.median_us > 0;
+      fmt::print("  {:<52} {:<15} {:>9.2f} us  {}/{} candidates  {}\n", key, e.winner.str(), e.winner_us, passed,
+                 e.candidates.size(), e.tuned_at);
+    }
+  }
+  return 0;
+}
+
+int cmd_cache_clear(Engine& engine) {
+  std::size_t n = 0;
+  std::error_code ec;
+  for (const char* sub : {"tuned", "kernels"})
+    for (const auto& e : fs::directory_iterator(fs::path(engine.cache_dir()) / sub, ec))
+      if (e.is_regular_file()) n += fs::remove(e.path(), ec);
+  fmt::print("removed {} files from {} (shipped caches are left alone)\n", n, engine.cache_dir());
+  return 0;
+}
+
+// ---- doctor -----------------------------------------------------------------
+
+int cmd_doctor(Engine& engine) {
+  bool ok = true;
+  fmt::print("normjit {}\n", NORMJIT_VERSION_STRING);
+  fmt::print("kernel sources: {} ({} files, hash {})\n", kernel_sources_origin(), kernel_sources().size(), kernel_source_hash());
+  try {
+    const auto& n = nvrtc();
+    fmt::print("NVRTC: {} ({})\n", n.version, n.path);
+  } catch (const Error& e) {
+    ok = false;
+    fmt::print("NVRTC: MISSING: {}\n", e.message());
+  }
+  std::string why;
+  if (gpu_available(&why)) {
+    int driver = 0, count = 0;
+    cu().cuDriverGetVersion(&driver);
+    cu().cuDeviceGetCount(&count);
+    fmt::print("driver: CUDA {}.{}; {} device(s)\n", driver / 1000, driver % 1000 / 10, count);
+    for (int i = 0; i < count; ++i) {
+      CUdevice dev = 0;
+      NJ_CU(cuDeviceGet(&dev, i));
+      const DeviceInfo d = device_info(dev);
+      DeviceFingerprint fp{d.name, d.cc_major, d.cc_minor, d.sm_count, d.l2_bytes};
+      fmt::print("  [{}] {} ({}, {} SMs, L2 {} MiB); tuned-cache file {}.json\n", i, d.name, d.arch(), d.sm_count,
+                 d.l2_bytes >> 20, fp.slug());
+    }
+  } else {
+    ok = false;
+    fmt::print("driver/GPU: MISSING: {}\n", why);
+    fmt::print("  (kernels can still be compiled: normjit compile --arch sm_90 ...)\n");
+  }
+  fmt::print("user cache: {}\n", engine.cache_dir());
+  fmt::print("tune policy: {}\n", tune_policy_name(engine.options().tune_policy));
+  for (const auto& d : engine.shipped_cache_dirs()) fmt::print("shipped cache: {}\n", d);
+  fmt::print("{}\n", ok ? "everything needed to run kernels is present" : "some parts are missing (see above)");
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"normjit: run-time compiled RMSNorm kernels (NVRTC + CUDA Driver API): tune, benchmark, precompile"};
+  app.set_version_flag("--version", std::string("normjit ") + NORMJIT_VERSION_STRING);
+  app.require_subcommand(1);
+  bool verbose = false;
+  std::string cache_dir;
+  app.add_flag("-v,--verbose", verbose, "Show tuning progress per candidate");
+  app.add_option("--cache-dir", cache_dir, "User cache directory (default $NORMJIT_CACHE_DIR, $XDG_CACHE_HOME/normjit)");
+
+  ShapeOptions tune_o, bench_o, compile_o;
+  auto* tune = app.add_subcommand("tune", "Autotune shapes on this GPU and store the winners in the user cache");
+  add_shape_options(tune, tune_o);
+
+  auto* bench = app.add_subcommand("bench", "Time shapes with their current configs: us, GB/s, SOL% against a device copy");
+  add_shape_options(bench, bench_o);
+  std::string json_path;
+  int reps = 50;
+  bool no_check = false;
+  bench->add_option("--json", json_path, "Also write the results as JSON");
+  bench->add_option("--reps", reps, "Timed repetitions (median)")->check(CLI::Range(10, 100000));
+  bench->add_flag("--no-check", no_check, "Skip the float64 CPU reference check");
+
+  auto* compile = app.add_subcommand("compile", "Compile every grid variant into the kernel cache (NVRTC only, no GPU)");
+  add_shape_options(compile, compile_o);
+  std::string arch = "sm_90";
+  compile->add_option("--arch", arch, "Target architecture, e.g. sm_90")->check(CLI::Validator(
+      [](std::string& s) { return s.size() >= 5 && s.rfind("sm_", 0) == 0 && s.find_first_not_of("0123456789a", 3) == std::string::npos ? std::string() : "expected sm_<digits>, e.g. sm_90"; },
+      "sm_XY"));
+
+  auto* cache = app.add_subcommand("cache", "Inspect or clear the tuned-config and kernel caches");
+  cache->require_subcommand(1);
+  auto* cache_list = cache->add_subcommand("list", "List tuned-cache files (user and shipped) and compiled kernels");
+  auto* cache_show = cache->add_subcommand("show", "Show the entries of tuned-cache files");
+  std::string show_file;
+  cache_show->add_option("--file", show_file, "A tuned-cache file (default: every file of the user cache)");
+  auto* cache_clear = cache->add_subcommand("clear", "Remove the user cache's tuned configs and compiled kernels");
+
+  auto* doctor = app.add_subcommand("doctor", "Report driver, NVRTC, devices, cache paths and what is missing");
+
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    EngineOptions opt = EngineOptions::from_env();
+    if (!cache_dir.empty()) opt.cache_dir = cache_dir;
+    opt.verbose = verbose || tune->parsed();  // tuning always shows its progress
+    Engine engine(opt);
+    if (tune->parsed()) return cmd_tune(engine, tune_o);
+    if (bench->parsed()) return cmd_bench(engine, bench_o, json_path, reps, !no_check);
+    if (compile->parsed()) return cmd_compile(engine, compile_o, arch);
+    if (cache_list->parsed()) return cmd_cache_list(engine);
+    if (cache_show->parsed()) return cmd_cache_show(engine, show_file);
+    if (cache_clear->parsed()) return cmd_cache_clear(engine);
+    if (doctor->parsed()) return cmd_doctor(engine);
+  } catch (const CLI::Error& e) {
+    return app.exit(e);
+  } catch (const Error& e) {
+    fmt::print(stderr, "{}\n", e.what());
+    return e.kind() == ErrorKind::InvalidArgument ? 2 : 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "normjit: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
