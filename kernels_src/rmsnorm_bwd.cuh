@@ -5,17 +5,90 @@
 // (gridDim.x programs, each a fixed set of rows in a fixed order) writes one
 // fp32 partial row per program into `partial` (gridDim.x x N, never M x N);
 // normjit_dw_finalize (dweight_finalize.cuh) sums the partial rows in order.
+// A grid of one program writes dweight itself and needs no finalize.
 //
 // Spec (see rmsnorm_fwd.cuh) plus nothing else; x_t is also dx's dtype, y_t
 // dy's. TWO_PASS needs ROWS == 1.
 #pragma once
 #include "common.cuh"
 
+namespace nj {
+
+// One row's x and dy in registers (their own dtypes), and its rstd.
+template <class S> struct BwdRow {
+  using L = RowLayout<S::N, S::VEC, S::TPR>;
+  Vec<typename S::x_t, S::VEC> x[L::ITERS];
+  Vec<typename S::y_t, S::VEC> dy[L::ITERS];
+  float r;
+  bool valid;
+
+  __device__ __forceinline__ void load(const typename S::x_t* __restrict__ xp, const typename S::y_t* __restrict__ dyp,
+                                       const float* __restrict__ rstd, long long row, long long M, int lane,
+                                       long long x_stride, long long dy_stride) {
+    using index_t = typename S::index_t;
+    valid = row < M;
+    r = valid ? rstd[row] : 0.f;
+    const typename S::x_t* xr = xp + (index_t)(valid ? row : 0) * (index_t)x_stride;
+    const typename S::y_t* dyr = dyp + (index_t)(valid ? row : 0) * (index_t)dy_stride;
+#pragma unroll
+    for (int i = 0; i < L::ITERS; ++i) {
+      const int col = (lane + i * S::TPR) * S::VEC;
+      if (valid && (L::EXACT || col < S::N)) {
+        x[i] = load_chunk<S::N, S::VEC>(xr, col, L::EXACT);
+        dy[i] = load_chunk<S::N, S::VEC>(dyr, col, L::EXACT);
+      } else {
+#pragma unroll
+        for (int k = 0; k < S::VEC; ++k) {
+          x[i].v[k] = from_float<typename S::x_t>(0.f);
+          dy[i].v[k] = from_float<typename S::y_t>(0.f);
+        }
+      }
+    }
+  }
+};
+
+// dx of one row, and its share of dw added to acc. Called by every thread of
+// the block (row_sum may hold a barrier).
+template <class S>
+__device__ __forceinline__ void bwd_row(const BwdRow<S>& R, const float (&wf)[RowLayout<S::N, S::VEC, S::TPR>::ITERS][S::VEC],
+                                        float (&acc)[RowLayout<S::N, S::VEC, S::TPR>::ITERS][S::VEC],
+                                        typename S::x_t* __restrict__ dx, long long row, long long dx_stride, int lane,
+                                        float (*red)[S::TPR > 32 ? S::TPR / 32 : 1]) {
+  using L = RowLayout<S::N, S::VEC, S::TPR>;
+  using index_t = typename S::index_t;
+  float dot = 0.f;
+#pragma unroll
+  for (int i = 0; i < L::ITERS; ++i)
+#pragma unroll
+    for (int k = 0; k < S::VEC; ++k) dot += to_float(R.dy[i].v[k]) * wf[i][k] * to_float(R.x[i].v[k]);
+  // mean(g * xhat) = rstd * mean(dy * w * x)
+  const float c = row_sum<S::TPR, S::ROWS>(dot, red) * R.r * (1.0f / S::N);
+  if (!R.valid) return;
+  typename S::x_t* dxr = dx + (index_t)row * (index_t)dx_stride;
+#pragma unroll
+  for (int i = 0; i < L::ITERS; ++i) {
+    const int col = (lane + i * S::TPR) * S::VEC;
+    if (L::EXACT || col < S::N) {
+      Vec<typename S::x_t, S::VEC> dxv;
+#pragma unroll
+      for (int k = 0; k < S::VEC; ++k) {
+        const float xh = to_float(R.x[i].v[k]) * R.r;
+        const float d = to_float(R.dy[i].v[k]);
+        dxv.v[k] = from_float<typename S::x_t>(R.r * (d * wf[i][k] - xh * c));
+        acc[i][k] += d * xh;
+      }
+      store_chunk<S::N, S::VEC>(dxr, col, dxv, L::EXACT);
+    }
+  }
+}
+
+}  // namespace nj
+
 extern "C" __global__ void __launch_bounds__(Spec::TPR * Spec::ROWS)
 normjit_rms_bwd(const typename Spec::y_t* __restrict__ dy, const typename Spec::x_t* __restrict__ x,
                 const typename Spec::w_t* __restrict__ w, const float* __restrict__ rstd,
-                typename Spec::x_t* __restrict__ dx, float* __restrict__ partial, long long M,
-                long long dy_stride, long long x_stride, long long dx_stride) {
+                typename Spec::x_t* __restrict__ dx, float* __restrict__ partial, typename Spec::w_t* __restrict__ dw,
+                long long M, long long dy_stride, long long x_stride, long long dx_stride) {
   using S = Spec;
   using x_t = typename S::x_t;
   using y_t = typename S::y_t;
@@ -30,6 +103,11 @@ normjit_rms_bwd(const typename Spec::y_t* __restrict__ dy, const typename Spec::
   constexpr float inv_n = 1.0f / S::N;
   const long long step = (long long)gridDim.x * S::ROWS;
   float* prow = partial + (index_t)blockIdx.x * S::N;
+  // With a single program its sums are final: write dweight directly.
+  auto emit = [&](int col, float v) {
+    if (gridDim.x == 1) dw[col] = nj::from_float<w_t>(v);
+    else prow[col] = v;
+  };
 
   if constexpr (!S::TWO_PASS) {
     float wf[L::ITERS][S::VEC];   // weight, loaded once per program
@@ -50,52 +128,21 @@ normjit_rms_bwd(const typename Spec::y_t* __restrict__ dy, const typename Spec::
         acc[i][k] = 0.f;
       }
     }
-    // Same trip count for every thread of the block (barriers in row_sum).
-    for (long long base = (long long)blockIdx.x * S::ROWS; base < M; base += step) {
-      const long long row = base + rg;
-      const bool valid = row < M;
-      const index_t r_ = (index_t)(valid ? row : 0);
-      const x_t* xr = x + r_ * (index_t)x_stride;
-      const y_t* dyr = dy + r_ * (index_t)dy_stride;
-      nj::Vec<x_t, S::VEC> xv[L::ITERS];
-      nj::Vec<y_t, S::VEC> dyv[L::ITERS];
-      const float r = valid ? rstd[row] : 0.f;
-      float dot = 0.f;
-#pragma unroll
-      for (int i = 0; i < L::ITERS; ++i) {
-        const int col = (lane + i * S::TPR) * S::VEC;
-        if (valid && (L::EXACT || col < S::N)) {
-          xv[i] = nj::load_chunk<S::N, S::VEC>(xr, col, L::EXACT);
-          dyv[i] = nj::load_chunk<S::N, S::VEC>(dyr, col, L::EXACT);
-        } else {
-#pragma unroll
-          for (int k = 0; k < S::VEC; ++k) {
-            xv[i].v[k] = nj::from_float<x_t>(0.f);
-            dyv[i].v[k] = nj::from_float<y_t>(0.f);
-          }
-        }
-#pragma unroll
-        for (int k = 0; k < S::VEC; ++k)
-          dot += nj::to_float(dyv[i].v[k]) * wf[i][k] * nj::to_float(xv[i].v[k]);
-      }
-      // mean(g * xhat) = rstd * mean(dy * w * x)
-      const float c = nj::row_sum<S::TPR, S::ROWS>(dot, red) * r * inv_n;
-      x_t* dxr = dx + r_ * (index_t)dx_stride;
-#pragma unroll
-      for (int i = 0; i < L::ITERS; ++i) {
-        const int col = (lane + i * S::TPR) * S::VEC;
-        if (valid && (L::EXACT || col < S::N)) {
-          nj::Vec<x_t, S::VEC> dxv;
-#pragma unroll
-          for (int k = 0; k < S::VEC; ++k) {
-            const float xh = nj::to_float(xv[i].v[k]) * r;
-            const float d = nj::to_float(dyv[i].v[k]);
-            dxv.v[k] = nj::from_float<x_t>(r * (d * wf[i][k] - xh * c));
-            acc[i][k] += d * xh;
-          }
-          nj::store_chunk<S::N, S::VEC>(dxr, col, dxv, L::EXACT);
-        }
-      }
+    // Two row buffers: the next row's loads are in flight while this row is
+    // reduced and written, so one program keeps two rows of memory traffic
+    // going and the grid (and so the partial buffer) can stay small. The
+    // trip count is the same for every thread of the block (barriers).
+    nj::BwdRow<S> a, b;
+    long long base = (long long)blockIdx.x * S::ROWS;
+    a.load(x, dy, rstd, base + rg, M, lane, x_stride, dy_stride);
+    while (base < M) {
+      const long long next = base + step;
+      b.load(x, dy, rstd, next + rg, M, lane, x_stride, dy_stride);
+      nj::bwd_row<S>(a, wf, acc, dx, base + rg, dx_stride, lane, red);
+      if (next >= M) break;
+      base = next + step;
+      a.load(x, dy, rstd, base + rg, M, lane, x_stride, dy_stride);
+      nj::bwd_row<S>(b, wf, acc, dx, next + rg, dx_stride, lane, red);
     }
     if constexpr (S::ROWS == 1) {
 #pragma unroll
@@ -103,7 +150,7 @@ normjit_rms_bwd(const typename Spec::y_t* __restrict__ dy, const typename Spec::
         const int col = (lane + i * S::TPR) * S::VEC;
 #pragma unroll
         for (int k = 0; k < S::VEC; ++k)
-          if (L::EXACT || col + k < S::N) prow[col + k] = acc[i][k];
+          if (L::EXACT || col + k < S::N) emit(col + k, acc[i][k]);
       }
     } else {
       // Several rows per program: add the row groups' shares in group order.
@@ -120,7 +167,7 @@ normjit_rms_bwd(const typename Spec::y_t* __restrict__ dy, const typename Spec::
         }
         __syncthreads();
       }
-      for (int j = threadIdx.x; j < S::N; j += S::TPR * S::ROWS) prow[j] = dw_s[j];
+      for (int j = threadIdx.x; j < S::N; j += S::TPR * S::ROWS) emit(j, dw_s[j]);
     }
   } else {
     // Wide rows: two passes over x and dy per row; this program's partial row
@@ -163,6 +210,10 @@ normjit_rms_bwd(const typename Spec::y_t* __restrict__ dy, const typename Spec::
     }
     if (first) {  // a program with no rows still owns a partial row
       for (int j = threadIdx.x; j < S::N; j += S::TPR) prow[j] = 0.f;
+    }
+    if (gridDim.x == 1) {  // the partial row is final: convert it
+      __syncthreads();
+      for (int j = threadIdx.x; j < S::N; j += S::TPR) dw[j] = nj::from_float<w_t>(prow[j]);
     }
   }
 }

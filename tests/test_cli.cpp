@@ -1,1 +1,207 @@
+// The normjit command-line tool, run as a separate process with a private
+// cache directory: help and version, bad command lines, compile and the cache
+// commands, doctor, and the no-GPU exit code of tune and bench.
 #include <doctest/doctest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <regex>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "config_grid.hpp"
+#include "driver.hpp"
+#include "normjit/version.hpp"
+
+using namespace normjit;
+using namespace normjit::detail;
+namespace fs = std::filesystem;
+
+// Shared test helpers, defined in test_descriptors.cpp (the test files have no
+// header of their own).
+namespace normjit_test {
+std::shared_ptr<const fs::path> make_temp_dir(const std::string& tag);
+void write_text_file(const fs::path& path, const std::string& text);
+bool contains(const std::string& text, const std::string& part);
+NormDesc make_desc(std::int64_t M, std::int64_t N, DType xy = DType::BF16, DType w = DType::BF16);
+}  // namespace normjit_test
+
+using normjit_test::contains;
+using normjit_test::make_desc;
+using normjit_test::make_temp_dir;
+using normjit_test::write_text_file;
+
+namespace {
+
+struct CliResult {
+  int exit_code = -1;  ///< 128 + signal when it was killed
+  std::string output;  ///< stdout and stderr, interleaved
+};
+
+// Runs the CLI with `args` and the user cache in `cache_dir`; NORMJIT_TUNE is
+// cleared so the caller's environment cannot change the outcome.
+CliResult run_cli(const fs::path& cache_dir, const std::string& args) {
+  const std::string cmd = fmt::format("env -u NORMJIT_TUNE NORMJIT_CACHE_DIR='{}' '{}' {} 2>&1", cache_dir.string(),
+                                      NORMJIT_CLI_PATH, args);
+  CliResult r;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) r.output.append(buf, n);
+  const int status = ::pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+// A CLI run in a fresh cache directory of its own.
+class Cli {
+ public:
+  Cli() : dir_(make_temp_dir("cli")) {}
+  CliResult operator()(const std::string& args) const { return run_cli(*dir_, args); }
+  const fs::path& cache_dir() const { return *dir_; }
+
+ private:
+  std::shared_ptr<const fs::path> dir_;
+};
+
+// Runs `args`, which must fail with `exit_code` and print every one of `parts`.
+void check_fails(const Cli& cli, const std::string& args, int exit_code, std::initializer_list<const char*> parts) {
+  const CliResult r = cli(args);
+  CAPTURE(args);
+  CAPTURE(r.output);
+  CHECK(r.exit_code == exit_code);
+  for (const char* p : parts) CHECK_MESSAGE(contains(r.output, p), "output lacks '" << p << "'");
+}
+
+std::size_t count_cubins(const fs::path& dir) {
+  std::size_t n = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) n += e.path().extension() == ".cubin";
+  return n;
+}
+
+// The number in "<prefix><number>" in `text`, or -1.
+long number_after(const std::string& text, const std::string& prefix) {
+  const auto at = text.find(prefix);
+  return at == std::string::npos ? -1 : std::strtol(text.c_str() + at + prefix.size(), nullptr, 10);
+}
+
+}  // namespace
+
+TEST_CASE("cli: --help lists the subcommands; --version prints the version") {
+  const Cli cli;
+  const CliResult help = cli("--help");
+  CHECK(help.exit_code == 0);
+  for (const std::string sub : {"tune", "bench", "compile", "cache", "doctor"}) {
+    CAPTURE(sub);
+    CHECK(std::regex_search(help.output, std::regex(fmt::format(R"(\n\s+{}\s)", sub))));
+  }
+  const CliResult version = cli("--version");
+  CHECK(version.exit_code == 0);
+  CHECK(version.output == std::string("normjit ") + NORMJIT_VERSION_STRING + "\n");
+}
+
+TEST_CASE("cli: invalid values exit 2 naming what is wrong") {
+  const Cli cli;
+  check_fails(cli, "tune --shape rms:bf17:8x8", 2, {"bf17"});
+  check_fails(cli, "bench --shape rms:bf16:8x0", 2, {"N = 0"});
+  check_fails(cli, "compile --shape ln:bf16:8x8", 2, {"ln:bf16:8x8"});
+  check_fails(cli, "cache show --file /dev/null", 2, {"/dev/null", "not a readable tuned cache"});
+  CHECK(count_cubins(cli.cache_dir() / "kernels") == 0);
+}
+
+TEST_CASE("cli: bad command lines exit 2 with a message") {
+  const Cli cli;
+  struct Case {
+    const char* args;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"", "subcommand"},
+      {"tune", "--model or --shape"},
+      {"compile --arch sm90x --shape rms:bf16:8x128", "sm_<digits>"},
+      {"tune --model /nonexistent.json", "/nonexistent.json"},
+      {"compile --shape rms:bf16:8x128 --op xyz", "xyz"},
+      {"tune --tokens 1 --shape rms:bf16:8x8", "--model"},
+      {"cache", "subcommand"},
+      {"frobnicate", "subcommand"},
+  };
+  for (const auto& c : cases) check_fails(cli, c.args, 2, {c.message});
+  CHECK(count_cubins(cli.cache_dir() / "kernels") == 0);
+}
+
+TEST_CASE("cli: compile fills the kernel cache; cache list counts it; cache clear empties it") {
+  const Cli cli;
+  const fs::path kernels = cli.cache_dir() / "kernels";
+  const long variants = static_cast<long>(candidate_grid(Op::RmsForward, make_desc(64, 128)).size());
+  REQUIRE(variants > 0);
+
+  const CliResult compiled = cli("compile --arch sm_90 --shape rms:bf16:64x128 --op fwd");
+  CAPTURE(compiled.output);
+  REQUIRE(compiled.exit_code == 0);
+  CHECK(contains(compiled.output, fmt::format("{} variants for sm_90", variants)));
+  const std::string summary = fmt::format("{} kernel variants compiled or found in {}", variants, kernels.string());
+  CHECK(contains(compiled.output, summary));
+  CHECK(count_cubins(kernels) == static_cast<std::size_t>(variants));
+
+  // Compiling again finds every variant on disk and adds nothing.
+  CHECK(cli("compile --arch sm_90 --shape rms:bf16:64x128 --op fwd").exit_code == 0);
+  CHECK(count_cubins(kernels) == static_cast<std::size_t>(variants));
+
+  const CliResult listed = cli("cache list");
+  CAPTURE(listed.output);
+  CHECK(listed.exit_code == 0);
+  CHECK(number_after(listed.output, "compiled kernels: ") == variants);
+  CHECK(contains(listed.output, (cli.cache_dir() / "tuned").string()));
+
+  const CliResult cleared = cli("cache clear");
+  CAPTURE(cleared.output);
+  CHECK(cleared.exit_code == 0);
+  CHECK(number_after(cleared.output, "removed ") == variants);
+  CHECK(count_cubins(kernels) == 0);
+  CHECK(number_after(cli("cache list").output, "compiled kernels: ") == 0);
+}
+
+TEST_CASE("cli: cache show rejects a damaged tuned-cache file without crashing") {
+  const Cli cli;
+  const fs::path garbage = cli.cache_dir() / "garbage.json";
+  write_text_file(garbage, "{\"this is\": not JSON");
+  check_fails(cli, fmt::format("cache show --file '{}'", garbage.string()), 2,
+              {garbage.string().c_str(), "not a readable tuned cache"});
+  check_fails(cli, "cache show --file /nonexistent/tuned.json", 2, {"/nonexistent/tuned.json"});
+  // With no files in the user cache there is nothing to show, and that is fine.
+  CHECK(cli("cache show").exit_code == 0);
+}
+
+TEST_CASE("cli: doctor reports NVRTC, the cache directory and what is missing") {
+  const Cli cli;
+  const CliResult r = cli("doctor");
+  CAPTURE(r.output);
+  CHECK(contains(r.output, std::string("normjit ") + NORMJIT_VERSION_STRING));
+  CHECK(contains(r.output, "NVRTC: "));
+  CHECK_FALSE(contains(r.output, "NVRTC: MISSING"));  // the tests compile with NVRTC, so it is here
+  CHECK(contains(r.output, "user cache: " + cli.cache_dir().string()));
+  std::string why;
+  const bool gpu = gpu_available(&why);
+  CHECK(r.exit_code == (gpu ? 0 : 1));
+  if (!gpu) CHECK(contains(r.output, "driver/GPU: MISSING: " + why));
+}
+
+TEST_CASE("cli: tune and bench without a GPU exit 3 and say why") {
+  std::string why;
+  if (gpu_available(&why)) {
+    MESSAGE("a GPU is available: the no-GPU exit code is not tested here");
+    return;
+  }
+  CHECK((contains(why, "libcuda.so.1") || contains(why, "no CUDA device")));
+  const Cli cli;
+  check_fails(cli, "tune --shape rms:bf16:8x4096", 3, {"tuning needs an NVIDIA GPU", why.c_str()});
+  check_fails(cli, "bench --shape rms:bf16:8x4096 --op fwd", 3, {"benchmarking needs an NVIDIA GPU", why.c_str()});
+  // Shapes are checked first: a bad one is still a bad command line.
+  check_fails(cli, "tune --shape rms:bf16:8x0", 2, {"N = 0"});
+}

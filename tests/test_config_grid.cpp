@@ -1,1 +1,293 @@
+// The launch-config grid, its validity rules, the heuristic, alignment
+// fitting, the simplicity order and the launch geometry (no GPU needed).
 #include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config_grid.hpp"
+#include "tuned_cache.hpp"
+
+using namespace normjit;
+using namespace normjit::detail;
+
+// Defined in test_descriptors.cpp: x and y of dtype `xy`, weight of `w`.
+namespace normjit_test {
+NormDesc make_desc(std::int64_t M, std::int64_t N, DType xy = DType::BF16, DType w = DType::BF16);
+}  // namespace normjit_test
+using normjit_test::make_desc;
+
+namespace {
+
+struct DtypeCombo {
+  DType xy, w;
+};
+
+const std::int64_t kNs[] = {1, 7, 64, 127, 128, 1000, 4096, 5120, 7168, 65536, 262144};
+const std::int64_t kMs[] = {1, 3, 1000, 32768};
+const DtypeCombo kCombos[] = {{DType::F32, DType::F32}, {DType::F16, DType::F16}, {DType::F16, DType::F32},
+                              {DType::BF16, DType::BF16}, {DType::BF16, DType::F32}};
+const Op kOps[] = {Op::RmsForward, Op::RmsBackward};
+
+LaunchConfig cfg(int vec, int tpr, int rows, bool two_pass = false, int programs_per_sm = 0) {
+  LaunchConfig c;
+  c.vec = vec;
+  c.threads_per_row = tpr;
+  c.rows_per_pid = rows;
+  c.two_pass = two_pass;
+  c.programs_per_sm = programs_per_sm;
+  return c;
+}
+
+int widest_bytes(const NormDesc& d) {
+  return std::max({dtype_size(d.x_dtype), dtype_size(d.y_dtype), dtype_size(d.weight_dtype)});
+}
+
+bool in_grid(const std::vector<LaunchConfig>& grid, const LaunchConfig& c) {
+  return std::find(grid.begin(), grid.end(), c) != grid.end();
+}
+
+// The fewest rows a program of `tpr` threads per row can hold: a block has at
+// least one warp.
+int min_rows(int tpr) { return std::max(1, 32 / tpr); }
+
+// Runs `check(op, desc)` for every N x dtype combo x op x M of the issue.
+template <class F>
+void for_every_shape(F&& check) {
+  for (std::int64_t N : kNs)
+    for (const auto& combo : kCombos)
+      for (Op op : kOps)
+        for (std::int64_t M : kMs) {
+          const NormDesc d = make_desc(M, N, combo.xy, combo.w);
+          CAPTURE(std::string(op_name(op)));
+          CAPTURE(d.str());
+          check(op, d);
+        }
+}
+
+// Validity of each member: the rules of config_valid plus the plain bounds.
+void check_members_valid(Op op, const NormDesc& d, const std::vector<LaunchConfig>& grid) {
+  for (const auto& c : grid) {
+    CAPTURE(c.str());
+    std::string why;
+    CHECK_MESSAGE(config_valid(op, d, c, &why), why);
+    CHECK(c.threads() >= 32);
+    CHECK(c.threads() <= 1024);
+    CHECK(c.vec * widest_bytes(d) <= 16);
+    CHECK(c.vec <= max_vec(d));
+    CHECK(c.programs_per_sm >= 0);
+    if (op == Op::RmsForward) CHECK(c.programs_per_sm == 0);
+    // The M-bucket rule: no more rows per program than M needs, except the
+    // smallest block of a narrow row.
+    CHECK(c.rows_per_pid <= std::max<std::int64_t>(m_bucket(d.M), min_rows(c.threads_per_row)));
+  }
+}
+
+void check_order_and_uniqueness(const std::vector<LaunchConfig>& grid) {
+  for (std::size_t i = 1; i < grid.size(); ++i) {
+    CAPTURE(grid[i - 1].str());
+    CAPTURE(grid[i].str());
+    CHECK(simplicity_key(grid[i - 1]) <= simplicity_key(grid[i]));
+  }
+  for (std::size_t i = 0; i < grid.size(); ++i)
+    CHECK_MESSAGE(std::count(grid.begin(), grid.end(), grid[i]) == 1, "duplicate " << grid[i].str());
+}
+
+// A two-pass config is in the grid exactly for the (vec, threads_per_row) whose
+// one-pass twin does not fit the register budget.
+void check_two_pass_exactly_when_needed(Op op, const NormDesc& d, const std::vector<LaunchConfig>& grid) {
+  for (const auto& c : grid) {
+    CAPTURE(c.str());
+    LaunchConfig twin = c;
+    twin.two_pass = !c.two_pass;
+    std::string why;
+    CHECK_FALSE(config_valid(op, d, twin, &why));
+    CHECK(why.find(c.two_pass ? "register budget" : "do not fit") != std::string::npos);
+  }
+  const int vmax = max_vec(d);
+  for (int tpr = 32; tpr <= 1024; tpr *= 2) {
+    const LaunchConfig two = cfg(vmax, tpr, 1, true);
+    CAPTURE(two.str());
+    if (config_valid(op, d, two)) CHECK(in_grid(grid, two));
+  }
+}
+
+std::vector<LaunchConfig> grid_of(Op op, std::int64_t M, std::int64_t N, DType xy = DType::BF16) {
+  return candidate_grid(op, make_desc(M, N, xy, xy));
+}
+
+bool all_two_pass(const std::vector<LaunchConfig>& g) {
+  return std::all_of(g.begin(), g.end(), [](const LaunchConfig& c) { return c.two_pass; });
+}
+bool any_two_pass(const std::vector<LaunchConfig>& g) {
+  return std::any_of(g.begin(), g.end(), [](const LaunchConfig& c) { return c.two_pass; });
+}
+bool any_multi_row(const std::vector<LaunchConfig>& g) {
+  return std::any_of(g.begin(), g.end(), [](const LaunchConfig& c) { return c.rows_per_pid > 1; });
+}
+
+void check_rejected(Op op, const NormDesc& d, const LaunchConfig& c, const std::string& reason) {
+  CAPTURE(std::string(op_name(op)));
+  CAPTURE(d.str());
+  CAPTURE(c.str());
+  std::string why;
+  CHECK_FALSE(config_valid(op, d, c, &why));
+  CHECK_MESSAGE(why.find(reason) != std::string::npos, "reason: '" << why << "', expected '" << reason << "'");
+  CHECK_FALSE(in_grid(candidate_grid(op, d), c));
+}
+
+}  // namespace
+
+TEST_CASE("config_grid: every grid is non-empty, valid, sorted and holds the heuristic") {
+  for_every_shape([](Op op, const NormDesc& d) {
+    const auto grid = candidate_grid(op, d);
+    REQUIRE_FALSE(grid.empty());
+    check_members_valid(op, d, grid);
+    check_order_and_uniqueness(grid);
+    check_two_pass_exactly_when_needed(op, d, grid);
+    const LaunchConfig h = heuristic_config(op, d);
+    CAPTURE(h.str());
+    CHECK(in_grid(grid, h));
+    CHECK(h.vec == max_vec(d));
+  });
+}
+
+TEST_CASE("config_grid: two-pass only for rows that do not fit in registers") {
+  for (Op op : kOps) {
+    CAPTURE(std::string(op_name(op)));
+    for (std::int64_t M : kMs) {
+      CAPTURE(M);
+      CHECK(all_two_pass(grid_of(op, M, 262144)));
+      CHECK(all_two_pass(grid_of(op, M, 262144, DType::F32)));
+      CHECK_FALSE(any_two_pass(grid_of(op, M, 128)));
+      CHECK_FALSE(any_two_pass(grid_of(op, M, 1)));
+      // 4096 bf16 fits a block of >= 64 threads in one pass; a lone warp cannot hold it.
+      const auto mid = grid_of(op, M, 4096);
+      CHECK(any_two_pass(mid));
+      CHECK_FALSE(all_two_pass(mid));
+    }
+  }
+}
+
+TEST_CASE("config_grid: narrow rows with many rows use several rows per program; M = 1 uses the minimum") {
+  for (Op op : kOps)
+    for (std::int64_t N : {1, 7, 64, 127, 128}) {
+      CAPTURE(std::string(op_name(op)));
+      CAPTURE(N);
+      CHECK(any_multi_row(grid_of(op, 1000, N)));
+      CHECK(any_multi_row(grid_of(op, 32768, N)));
+      for (const auto& c : grid_of(op, 1, N)) {
+        CAPTURE(c.str());
+        CHECK(c.rows_per_pid == min_rows(c.threads_per_row));
+      }
+    }
+  // M = 3 allows up to 4 rows per program for blocks larger than a warp.
+  for (const auto& c : grid_of(Op::RmsForward, 3, 64))
+    CHECK(c.rows_per_pid <= std::max(4, min_rows(c.threads_per_row)));
+  CHECK(in_grid(grid_of(Op::RmsForward, 3, 64), cfg(8, 8, 4)));
+  CHECK_FALSE(in_grid(grid_of(Op::RmsForward, 3, 64), cfg(8, 8, 16)));
+  CHECK(in_grid(grid_of(Op::RmsForward, 1000, 64), cfg(8, 8, 16)));
+}
+
+TEST_CASE("config_grid: max_vec is 16 bytes of the widest dtype, capped by N") {
+  CHECK(max_vec(make_desc(8, 4096)) == 8);
+  CHECK(max_vec(make_desc(8, 4096, DType::F16)) == 8);
+  CHECK(max_vec(make_desc(8, 4096, DType::F32)) == 4);
+  CHECK(max_vec(make_desc(8, 4096, DType::BF16, DType::F32)) == 4);
+  CHECK(max_vec(make_desc(8, 3)) == 4);
+  CHECK(max_vec(make_desc(8, 1)) == 1);
+}
+
+TEST_CASE("config_grid: config_valid rejects bad configs and says why") {
+  const NormDesc bf16_4096 = make_desc(64, 4096);
+  const NormDesc fp32_4096 = make_desc(64, 4096, DType::F32, DType::F32);
+  const NormDesc mixed_4096 = make_desc(64, 4096, DType::BF16, DType::F32);
+  const NormDesc wide = make_desc(64, 262144);
+  const NormDesc narrow = make_desc(64, 128);
+  check_rejected(Op::RmsForward, fp32_4096, cfg(8, 256, 1), "vec 8");
+  check_rejected(Op::RmsForward, mixed_4096, cfg(8, 256, 1), "vec 8");
+  check_rejected(Op::RmsForward, bf16_4096, cfg(3, 256, 1), "vec 3");
+  check_rejected(Op::RmsForward, bf16_4096, cfg(16, 256, 1), "vec 16");
+  check_rejected(Op::RmsForward, bf16_4096, cfg(8, 48, 1), "powers of two");
+  check_rejected(Op::RmsForward, bf16_4096, cfg(8, 256, 3), "powers of two");
+  check_rejected(Op::RmsForward, fp32_4096, cfg(1, 1024, 2), "2048 threads");
+  check_rejected(Op::RmsForward, bf16_4096, cfg(8, 8, 2), "16 threads");
+  check_rejected(Op::RmsForward, narrow, cfg(8, 64, 1), "64 threads per row for 16 chunks");
+  check_rejected(Op::RmsForward, wide, cfg(8, 512, 2, true), "one row per program");
+  check_rejected(Op::RmsForward, narrow, cfg(8, 16, 2, true), "do not fit");
+  check_rejected(Op::RmsForward, wide, cfg(8, 1024, 1), "register budget");
+  check_rejected(Op::RmsBackward, bf16_4096, cfg(8, 64, 1), "register budget");
+  check_rejected(Op::RmsForward, bf16_4096, cfg(8, 512, 1, false, 2), "programs_per_sm");
+  check_rejected(Op::RmsBackward, bf16_4096, cfg(8, 512, 1, false, -1), "programs_per_sm");
+  // The same config is fine where the budget allows it.
+  CHECK(config_valid(Op::RmsForward, bf16_4096, cfg(8, 64, 1)));
+  CHECK(config_valid(Op::RmsForward, wide, cfg(8, 1024, 1, true)));
+  CHECK(config_valid(Op::RmsBackward, bf16_4096, cfg(8, 512, 2)));
+  CHECK(config_valid(Op::RmsBackward, bf16_4096, cfg(8, 512, 2, false, 4)));
+}
+
+TEST_CASE("config_grid: fit_alignment lowers vec for misaligned pointers and strides only") {
+  const NormDesc d = make_desc(16, 4096);
+  const LaunchConfig c = cfg(8, 256, 1);
+  auto* base = reinterpret_cast<const char*>(std::uintptr_t{1} << 20);
+  auto fit = [&](std::ptrdiff_t offset, std::vector<std::int64_t> strides, DType t = DType::BF16) {
+    return fit_alignment(c, d, {{base, DType::BF16}, {base + offset, t}, {nullptr, DType::BF16}}, strides).vec;
+  };
+  CHECK(fit(0, {4096, 4096}) == 8);
+  CHECK(fit(256, {4160}) == 8);
+  CHECK(fit(2, {4096}) == 1);
+  CHECK(fit(4, {4096}) == 2);
+  CHECK(fit(8, {4096}) == 4);
+  CHECK(fit(0, {4097}) == 1);
+  CHECK(fit(0, {4098}) == 2);
+  CHECK(fit(0, {4100}) == 4);
+  CHECK(fit(0, {4096, 4098}) == 2);
+  // fp32 needs twice the byte alignment for the same vec.
+  CHECK(fit(16, {4096}, DType::F32) == 4);
+  CHECK(fit(8, {4096}, DType::F32) == 2);
+  // Everything but vec is kept.
+  const LaunchConfig lowered = fit_alignment(cfg(8, 128, 2, false), d, {{base + 2, DType::BF16}}, {});
+  CHECK(lowered == cfg(1, 128, 2, false));
+  CHECK(fit_alignment(cfg(8, 1024, 1, true), d, {}, {4097}) == cfg(1, 1024, 1, true));
+}
+
+TEST_CASE("config_grid: launch_geometry of forward and backward") {
+  const NormDesc d = make_desc(1000, 4096);
+  const Geometry f1 = launch_geometry(Op::RmsForward, d, cfg(8, 256, 1), 132, 8);
+  CHECK(f1.grid == 1000);
+  CHECK(f1.block == 256);
+  const Geometry f4 = launch_geometry(Op::RmsForward, d, cfg(8, 32, 4), 132, 8);
+  CHECK(f4.grid == 250);
+  CHECK(f4.block == 128);
+  CHECK(launch_geometry(Op::RmsForward, make_desc(1001, 64), cfg(8, 8, 16), 132, 8).grid == 63);
+  CHECK(launch_geometry(Op::RmsForward, make_desc(1, 64), cfg(8, 8, 4), 132, 8).grid == 1);
+
+  // Backward: persistent, capped by what is resident and by the rows there are.
+  CHECK(launch_geometry(Op::RmsBackward, d, cfg(8, 256, 1), 132, 2).grid == 264);
+  CHECK(launch_geometry(Op::RmsBackward, d, cfg(8, 256, 1), 132, 8).grid == 1000);
+  CHECK(launch_geometry(Op::RmsBackward, d, cfg(8, 64, 4), 132, 8).grid == 250);
+  CHECK(launch_geometry(Op::RmsBackward, d, cfg(8, 256, 1), 4, 0).grid == 4);
+  CHECK(launch_geometry(Op::RmsBackward, make_desc(0, 4096), cfg(8, 256, 1), 132, 8).grid == 1);
+  CHECK(launch_geometry(Op::RmsBackward, make_desc(3, 4096), cfg(8, 256, 1), 132, 8).grid == 3);
+  CHECK(launch_geometry(Op::RmsBackward, d, cfg(8, 256, 1), 132, 8).block == 256);
+  // programs_per_sm caps the programs per SM, but never above what is resident.
+  CHECK(launch_geometry(Op::RmsBackward, d, cfg(8, 256, 1, false, 2), 132, 8).grid == 264);
+  CHECK(launch_geometry(Op::RmsBackward, d, cfg(8, 256, 1, false, 4), 132, 2).grid == 264);
+  CHECK(launch_geometry(Op::RmsBackward, d, cfg(8, 256, 1, false, 1), 132, 8).grid == 132);
+  CHECK(launch_geometry(Op::RmsBackward, make_desc(100, 4096), cfg(8, 256, 1, false, 4), 132, 8).grid == 100);
+}
+
+TEST_CASE("config_grid: simplicity_key puts fewer threads, fewer rows, one pass and wider vectors first") {
+  auto simpler = [](const LaunchConfig& a, const LaunchConfig& b) { return simplicity_key(a) < simplicity_key(b); };
+  CHECK(simpler(cfg(8, 32, 1), cfg(8, 64, 1)));
+  CHECK(simpler(cfg(8, 64, 1), cfg(8, 32, 4)));
+  CHECK(simpler(cfg(8, 128, 1), cfg(8, 32, 4)));
+  CHECK(simpler(cfg(8, 128, 1), cfg(4, 128, 1)));
+  CHECK(simpler(cfg(8, 1024, 1), cfg(8, 32, 1, true)));
+  CHECK_FALSE(simpler(cfg(8, 64, 1), cfg(8, 64, 1)));
+  CHECK_FALSE(simpler(cfg(8, 256, 1, true), cfg(8, 512, 1)));
+  CHECK(simpler(cfg(8, 256, 1, false, 0), cfg(8, 256, 1, false, 2)));
+  CHECK(simpler(cfg(8, 256, 1, false, 4), cfg(8, 512, 1, false, 0)));
+}

@@ -1,1 +1,463 @@
+// Descriptors, parsers and argument checks of the public API, shape specs and
+// model configs, host-side fp16/bf16 conversions. No GPU or driver needed.
 #include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "host_dtype.hpp"
+#include "shapes.hpp"
+
+using namespace normjit;
+using namespace normjit::detail;
+namespace fs = std::filesystem;
+
+// Helpers shared by the test files, which have no header of their own: each
+// file that uses them declares them again.
+namespace normjit_test {
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+/// x and y of dtype `xy`, weight of `w`, contiguous.
+NormDesc make_desc(std::int64_t M, std::int64_t N, DType xy = DType::BF16, DType w = DType::BF16) {
+  NormDesc d;
+  d.M = M;
+  d.N = N;
+  d.x_dtype = d.y_dtype = xy;
+  d.weight_dtype = w;
+  return d;
+}
+
+/// A fresh empty directory; removed with its contents when the last copy of
+/// the pointer goes.
+std::shared_ptr<const fs::path> make_temp_dir(const std::string& tag) {
+  static std::atomic<int> counter{0};
+  auto* dir = new fs::path(fs::temp_directory_path() / fmt::format("normjit-{}-{}-{}", tag, ::getpid(), counter++));
+  fs::remove_all(*dir);
+  fs::create_directories(*dir);
+  return std::shared_ptr<const fs::path>(dir, [](const fs::path* p) {
+    std::error_code ec;
+    fs::remove_all(*p, ec);
+    delete p;
+  });
+}
+
+/// Writes `text` to `path`, replacing the file.
+void write_text_file(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  REQUIRE(out.good());
+}
+
+}  // namespace normjit_test
+
+using normjit_test::contains;
+using normjit_test::make_desc;
+using normjit_test::make_temp_dir;
+using normjit_test::write_text_file;
+
+namespace {
+
+// `f` must throw Error(InvalidArgument) whose what() holds every one of `parts`.
+void check_invalid(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    FAIL_CHECK("no normjit::Error was thrown; expected one mentioning " << parts.front());
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::InvalidArgument);
+    const std::string what = e.what();
+    for (const auto& p : parts) CHECK_MESSAGE(contains(what, p), "'" << what << "' lacks '" << p << "'");
+  }
+}
+
+void check_invalid_desc(const NormDesc& d, const std::vector<std::string>& parts) {
+  check_invalid([&] { d.validate(); }, parts);
+}
+
+}  // namespace
+
+// ---- NormDesc ---------------------------------------------------------------
+
+TEST_CASE("descriptors: NormDesc::validate names the bad field and its value") {
+  check_invalid_desc(make_desc(-1, 64), {"M = -1"});
+  check_invalid_desc(make_desc(8, 0), {"N = 0"});
+  check_invalid_desc(make_desc(8, -5), {"N = -5"});
+  check_invalid_desc(make_desc(8, 262145), {"N = 262145", "262144"});
+
+  std::int64_t NormDesc::*const strides[] = {&NormDesc::x_stride, &NormDesc::y_stride, &NormDesc::dy_stride,
+                                             &NormDesc::dx_stride};
+  const std::string names[] = {"x_stride", "y_stride", "dy_stride", "dx_stride"};
+  for (int i = 0; i < 4; ++i) {
+    CAPTURE(names[i]);
+    NormDesc d = make_desc(8, 64);
+    d.*strides[i] = 63;
+    check_invalid_desc(d, {fmt::format("{} = 63", names[i]), "64"});
+    d.*strides[i] = -64;
+    check_invalid_desc(d, {fmt::format("{} = -64", names[i])});
+    d.*strides[i] = 64;
+    CHECK_NOTHROW(d.validate());
+  }
+
+  NormDesc d = make_desc(8, 64);
+  d.eps = std::numeric_limits<float>::quiet_NaN();
+  check_invalid_desc(d, {"eps = nan"});
+  d.eps = -1.f;
+  check_invalid_desc(d, {"eps = -1"});
+  d.eps = std::numeric_limits<float>::infinity();
+  check_invalid_desc(d, {"eps = inf"});
+  d = make_desc(8, 64);
+  d.weight_dtype = static_cast<DType>(7);
+  check_invalid_desc(d, {"weight_dtype = 7"});
+}
+
+TEST_CASE("descriptors: valid descriptors pass, str() describes them") {
+  const std::pair<std::int64_t, std::int64_t> sizes[] = {{0, 1}, {1, 1}, {8192, 4096}, {3, 262144}};
+  for (const auto& [M, N] : sizes) {
+    CAPTURE(M);
+    CAPTURE(N);
+    CHECK_NOTHROW(make_desc(M, N).validate());
+  }
+  NormDesc d = make_desc(8192, 4096);
+  d.x_stride = 4096;
+  d.y_stride = 5000;
+  d.dy_stride = 8192;
+  d.dx_stride = 4097;
+  d.eps = 0.f;
+  CHECK_NOTHROW(d.validate());
+  CHECK(d.x_ld() == 4096);
+  CHECK(d.y_ld() == 5000);
+  CHECK(make_desc(2, 7).dx_ld() == 7);
+  d.x_dtype = DType::F32;
+  d.weight_dtype = DType::F16;
+  CHECK(d.str() == "8192x4096 x=fp32 y=bf16 w=fp16");
+}
+
+TEST_CASE("descriptors: Error composes its message from the parts") {
+  const Error e(ErrorKind::Driver, "cuLaunchKernel failed", "rms_fwd", "8x64 x=bf16 y=bf16 w=bf16", "v8.t8.r4",
+                "ops.cpp:12");
+  CHECK(e.kind() == ErrorKind::Driver);
+  CHECK(e.message() == "cuLaunchKernel failed");
+  CHECK(std::string(e.what()) ==
+        "normjit: cuLaunchKernel failed [op rms_fwd] [shape 8x64 x=bf16 y=bf16 w=bf16] [config v8.t8.r4] "
+        "(at ops.cpp:12)");
+  CHECK(std::string(Error(ErrorKind::Cache, "locked").what()) == "normjit: locked");
+  CHECK(std::string(error_kind_name(ErrorKind::InvalidArgument)) == "invalid argument");
+}
+
+// ---- parsers ----------------------------------------------------------------
+
+TEST_CASE("descriptors: parse_dtype accepts the aliases and names what it rejects") {
+  for (const char* s : {"fp32", "f32", "float32", "float"}) CHECK(parse_dtype(s) == DType::F32);
+  for (const char* s : {"fp16", "f16", "float16", "half"}) CHECK(parse_dtype(s) == DType::F16);
+  for (const char* s : {"bf16", "bfloat16"}) CHECK(parse_dtype(s) == DType::BF16);
+  for (DType t : {DType::F32, DType::F16, DType::BF16}) CHECK(parse_dtype(dtype_name(t)) == t);
+  CHECK(dtype_size(DType::F32) == 4);
+  CHECK(dtype_size(DType::BF16) == 2);
+  check_invalid([] { parse_dtype("fp8", "x_dtype"); }, {"x_dtype", "'fp8'"});
+  check_invalid([] { parse_dtype("BF16"); }, {"'BF16'"});
+  check_invalid([] { parse_dtype(""); }, {"dtype = ''"});
+}
+
+TEST_CASE("descriptors: LaunchConfig str and parse round-trip; parse rejects bad text") {
+  for (const std::string text : {"v8.t512.r1", "v1.t32.r1", "v4.t1024.r1.2p", "v2.t8.r4", "v8.t1.r1024", "v1.t2.r16",
+                           "v8.t256.r1.p2", "v4.t1024.r1.2p.p4"}) {
+    CAPTURE(text);
+    const LaunchConfig c = LaunchConfig::parse(text);
+    CHECK(c.str() == text);
+    CHECK(LaunchConfig::parse(c.str()) == c);
+  }
+  const LaunchConfig c = LaunchConfig::parse("v4.t64.r2.2p.p8");
+  CHECK(c.vec == 4);
+  CHECK(c.threads_per_row == 64);
+  CHECK(c.rows_per_pid == 2);
+  CHECK(c.two_pass);
+  CHECK(c.programs_per_sm == 8);
+  CHECK(c.threads() == 128);
+  CHECK(LaunchConfig::parse("v4.t64.r2") != LaunchConfig::parse("v4.t64.r2.2p"));
+  CHECK(LaunchConfig::parse("v4.t64.r2") != LaunchConfig::parse("v4.t64.r2.p1"));
+  CHECK(LaunchConfig().str() == "v1.t32.r1");
+  for (const std::string bad : {"v3.t32.r1", "v8.t2048.r1", "garbage", "v16.t32.r1", "v8.t512.r4", "v8.t48.r1",
+                          "v8.t32.r0", "v8.t32", "v8.t32.r1.3p", "v8.t32.r1.p2.2p", " v8.t32.r1", ""}) {
+    CAPTURE(bad);
+    check_invalid([&] { LaunchConfig::parse(bad); }, {fmt::format("'{}'", bad)});
+  }
+}
+
+TEST_CASE("descriptors: parse_tune_policy") {
+  CHECK(parse_tune_policy("never") == TunePolicy::Never);
+  CHECK(parse_tune_policy("first") == TunePolicy::OnFirstUse);
+  CHECK(parse_tune_policy("on_first_use") == TunePolicy::OnFirstUse);
+  CHECK(parse_tune_policy("on-first-use") == TunePolicy::OnFirstUse);
+  CHECK(parse_tune_policy("always") == TunePolicy::Always);
+  for (TunePolicy p : {TunePolicy::Never, TunePolicy::OnFirstUse, TunePolicy::Always})
+    CHECK(parse_tune_policy(tune_policy_name(p)) == p);
+  check_invalid([] { parse_tune_policy("sometimes"); }, {"'sometimes'"});
+  check_invalid([] { parse_tune_policy("Never"); }, {"'Never'"});
+}
+
+// ---- shapes -----------------------------------------------------------------
+
+TEST_CASE("descriptors: parse_shape_spec") {
+  const NamedShape a = parse_shape_spec("rms:bf16:8192x4096");
+  CHECK(a.name == "rms:bf16:8192x4096");
+  CHECK(a.desc.M == 8192);
+  CHECK(a.desc.N == 4096);
+  CHECK(a.desc.x_dtype == DType::BF16);
+  CHECK(a.desc.y_dtype == DType::BF16);
+  CHECK(a.desc.weight_dtype == DType::BF16);
+
+  const NamedShape b = parse_shape_spec("rms:fp16:3x7:w=fp32");
+  CHECK(b.desc.M == 3);
+  CHECK(b.desc.N == 7);
+  CHECK(b.desc.x_dtype == DType::F16);
+  CHECK(b.desc.y_dtype == DType::F16);
+  CHECK(b.desc.weight_dtype == DType::F32);
+  CHECK(parse_shape_spec("rms:float:0x1").desc.M == 0);
+
+  check_invalid([] { parse_shape_spec("rms:bf17:8x8"); }, {"bf17"});
+  check_invalid([] { parse_shape_spec("rms:bf16:8x8:w=fp8"); }, {"fp8"});
+  check_invalid([] { parse_shape_spec("rms:bf16:8x0"); }, {"N = 0"});
+  check_invalid([] { parse_shape_spec("rms:bf16:8x262145"); }, {"N = 262145"});
+  check_invalid([] { parse_shape_spec("ln:bf16:8x8"); }, {"'ln:bf16:8x8'", "rms:<dtype>:<M>x<N>"});
+  check_invalid([] { parse_shape_spec("rms:bf16:-8x8"); }, {"'rms:bf16:-8x8'"});
+  check_invalid([] { parse_shape_spec("rms:bf16:8x8x8"); }, {"'rms:bf16:8x8x8'"});
+  check_invalid([] { parse_shape_spec("rms:bf16:99999999999999999999x8"); },
+                {"'rms:bf16:99999999999999999999x8'", "out of range"});
+}
+
+namespace {
+
+void check_shape(const NamedShape& s, const std::string& name, std::int64_t M, std::int64_t N, DType t, float eps) {
+  CAPTURE(s.name);
+  CHECK(s.name == name);
+  CHECK(s.desc.M == M);
+  CHECK(s.desc.N == N);
+  CHECK(s.desc.x_dtype == t);
+  CHECK(s.desc.y_dtype == t);
+  CHECK(s.desc.weight_dtype == t);
+  CHECK(s.desc.eps == eps);
+}
+
+const char* const kLlamaConfig =
+    R"({"model_type": "llama", "hidden_size": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
+        "num_attention_heads": 32, "num_key_value_heads": 8})";
+
+}  // namespace
+
+TEST_CASE("descriptors: shapes_from_model_config reads Qwen3's hidden and QK-norm shapes") {
+  const auto shapes = shapes_from_model_config(NORMJIT_TEST_MODELS_DIR "/qwen3-8b.config.json", {1, 1024});
+  REQUIRE(shapes.size() == 6);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const std::int64_t t = i == 0 ? 1 : 1024;
+    CAPTURE(t);
+    check_shape(shapes[3 * i], fmt::format("hidden[{}]", t), t, 4096, DType::BF16, 1e-6f);
+    check_shape(shapes[3 * i + 1], fmt::format("q_norm[{}]", t), t * 32, 128, DType::BF16, 1e-6f);
+    check_shape(shapes[3 * i + 2], fmt::format("k_norm[{}]", t), t * 8, 128, DType::BF16, 1e-6f);
+  }
+  check_invalid([] { shapes_from_model_config(NORMJIT_TEST_MODELS_DIR "/qwen3-8b.config.json", {1, 0}); },
+                {"--tokens value 0"});
+}
+
+namespace {
+
+// A model config.json in a directory of its own.
+class ModelFile {
+ public:
+  explicit ModelFile(const std::string& json) : dir_(make_temp_dir("model")), path_((*dir_ / "config.json").string()) {
+    write_text_file(path_, json);
+  }
+  const std::string& path() const { return path_; }
+  std::vector<NamedShape> shapes(const std::vector<std::int64_t>& tokens) const {
+    return shapes_from_model_config(path_, tokens);
+  }
+
+ private:
+  std::shared_ptr<const fs::path> dir_;
+  std::string path_;
+};
+
+// Reading `json` as a model config fails, naming the file and every one of `parts`.
+void check_bad_model(const std::string& json, std::vector<std::string> parts) {
+  const ModelFile model(json);
+  parts.push_back(model.path());
+  check_invalid([&] { model.shapes({1}); }, parts);
+}
+
+}  // namespace
+
+TEST_CASE("descriptors: shapes_from_model_config for models without QK-norm") {
+  const auto shapes = ModelFile(kLlamaConfig).shapes({1, 1024});
+  REQUIRE(shapes.size() == 2);
+  check_shape(shapes[0], "hidden[1]", 1, 4096, DType::BF16, 1e-5f);
+  check_shape(shapes[1], "hidden[1024]", 1024, 4096, DType::BF16, 1e-5f);
+
+  // No torch_dtype or rms_norm_eps: bf16 and 1e-6.
+  const auto minimal = ModelFile(R"({"hidden_size": 768})").shapes({5});
+  REQUIRE(minimal.size() == 1);
+  check_shape(minimal[0], "hidden[5]", 5, 768, DType::BF16, 1e-6f);
+
+  const auto fp16 = ModelFile(R"({"hidden_size": 2048, "torch_dtype": "float16", "rms_norm_eps": 1e-5})").shapes({2});
+  REQUIRE(fp16.size() == 1);
+  check_shape(fp16[0], "hidden[2]", 2, 2048, DType::F16, 1e-5f);
+}
+
+TEST_CASE("descriptors: shapes_from_model_config names what is wrong with a bad file") {
+  const auto dir = make_temp_dir("models");
+  const std::string missing = (*dir / "missing.json").string();
+  check_invalid([&] { shapes_from_model_config(missing, {1}); }, {missing, "cannot be opened"});
+
+  check_bad_model(R"({"hidden_size": 4096,)", {"not valid JSON"});
+  check_bad_model(R"({"model_type": "llama", "rms_norm_eps": 1e-5})", {"'hidden_size'"});
+  check_bad_model(R"({"hidden_size": "4096"})", {"'hidden_size'"});
+  check_bad_model(R"({"model_type": "qwen3", "hidden_size": 4096})", {"'num_attention_heads'"});
+  // These name the bad value, but not the file.
+  const ModelFile int8(R"({"hidden_size": 4096, "torch_dtype": "int8"})");
+  check_invalid([&] { int8.shapes({1}); }, {"torch_dtype", "'int8'"});
+  const ModelFile huge(R"({"hidden_size": 300000})");
+  check_invalid([&] { huge.shapes({1}); }, {"N = 300000"});
+}
+
+// ---- Engine argument checks (before any driver call) ------------------------
+
+namespace {
+
+// Distinct non-null fake device addresses: never dereferenced, because every
+// call below fails its argument checks first.
+void* fake(std::uintptr_t i) { return reinterpret_cast<void*>(std::uintptr_t{1} << 20 | i << 8); }
+
+EngineOptions private_options(const fs::path& dir) {
+  EngineOptions o;
+  o.cache_dir = dir.string();
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("descriptors: Engine rejects bad arguments before it touches the driver") {
+  const auto dir = make_temp_dir("engine");
+  Engine e(private_options(*dir));
+  CHECK(e.cache_dir() == dir->string());
+  const NormDesc d = make_desc(8, 64);
+  float* rstd = static_cast<float*>(fake(4));
+
+  check_invalid([&] { e.rms_norm_forward(d, nullptr, fake(2), fake(3), rstd, nullptr); }, {"x = null", "rms_fwd"});
+  check_invalid([&] { e.rms_norm_forward(d, fake(1), nullptr, fake(3), rstd, nullptr); }, {"weight = null"});
+  check_invalid([&] { e.rms_norm_forward(d, fake(1), fake(2), nullptr, rstd, nullptr); }, {"y = null"});
+  check_invalid([&] { e.rms_norm_forward(d, fake(1), fake(2), fake(3), nullptr, nullptr); }, {"rstd = null"});
+  check_invalid([&] { e.rms_norm_forward(make_desc(8, 0), fake(1), fake(2), fake(3), rstd, nullptr); }, {"N = 0"});
+  check_invalid([&] { e.rms_norm_forward(make_desc(-2, 64), nullptr, nullptr, nullptr, nullptr, nullptr); },
+                {"M = -2"});
+  // M = 0 is a no-op, whatever the pointers.
+  CHECK_NOTHROW(e.rms_norm_forward(make_desc(0, 64), nullptr, nullptr, nullptr, nullptr, nullptr));
+  CHECK_NOTHROW(e.rms_norm_backward(make_desc(0, 64), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0,
+                                    nullptr));
+  CHECK(e.rms_norm_backward_workspace_size(make_desc(0, 64)) == 0);
+
+  auto backward = [&](const NormDesc& bd, void* workspace) {
+    e.rms_norm_backward(bd, fake(1), fake(2), fake(3), rstd, fake(5), fake(6), workspace, 1 << 20, nullptr);
+  };
+  check_invalid([&] { backward(d, nullptr); }, {"workspace = null", "rms_bwd"});
+  check_invalid([&] { backward(make_desc(8, 262145), fake(7)); }, {"N = 262145"});
+  check_invalid(
+      [&] { e.rms_norm_backward(d, nullptr, fake(2), fake(3), rstd, fake(5), fake(6), fake(7), 64, nullptr); },
+      {"dy = null"});
+  check_invalid([&] { e.rms_norm_backward_workspace_size(make_desc(8, 0)); }, {"N = 0"});
+  check_invalid([&] { e.config_for(Op::RmsForward, make_desc(8, 0)); }, {"N = 0"});
+  check_invalid([&] { e.tune(Op::RmsForward, make_desc(0, 64)); }, {"M = 0"});
+}
+
+// ---- host fp16 / bf16 conversions --------------------------------------------
+
+namespace {
+
+bool is_nan16(std::uint16_t h, int exp_bits) {
+  const int mant_bits = 15 - exp_bits;
+  const std::uint16_t exp_mask = static_cast<std::uint16_t>(((1u << exp_bits) - 1) << mant_bits);
+  return (h & exp_mask) == exp_mask && (h & ((1u << mant_bits) - 1)) != 0;
+}
+
+// Every 16-bit pattern that is a number survives float and back unchanged;
+// NaNs stay NaNs.
+template <class ToFloat, class FromFloat>
+void check_every_pattern_round_trips(ToFloat to_float, FromFloat from_float, int exp_bits) {
+  int mismatches = 0;
+  for (std::uint32_t i = 0; i <= 0xffff; ++i) {
+    const auto h = static_cast<std::uint16_t>(i);
+    const float f = to_float(h);
+    if (is_nan16(h, exp_bits)) {
+      CHECK(std::isnan(f));
+      CHECK(is_nan16(from_float(f), exp_bits));
+    } else if (from_float(f) != h && ++mismatches <= 5) {
+      FAIL_CHECK(fmt::format("0x{:04x} -> {} -> 0x{:04x}", h, f, from_float(f)));
+    }
+  }
+  CHECK(mismatches == 0);
+}
+
+}  // namespace
+
+TEST_CASE("host_dtype: bf16 conversions") {
+  check_every_pattern_round_trips(bf16_to_float, float_to_bf16, 8);
+  CHECK(float_to_bf16(1.0f) == 0x3f80);
+  CHECK(bf16_to_float(0x3f80) == 1.0f);
+  CHECK(float_to_bf16(-2.5f) == 0xc020);
+  // Round to nearest, ties to even (the step at 1.0 is 2^-7).
+  CHECK(float_to_bf16(1.0f + 0x1p-8f) == 0x3f80);
+  CHECK(float_to_bf16(1.0f + 3 * 0x1p-8f) == 0x3f82);
+  CHECK(float_to_bf16(1.0f + 0x1p-8f + 0x1p-20f) == 0x3f81);
+  CHECK(float_to_bf16(1.0f + 0x1p-8f - 0x1p-20f) == 0x3f80);
+  // inf, NaN, subnormals, overflow.
+  CHECK(float_to_bf16(std::numeric_limits<float>::infinity()) == 0x7f80);
+  CHECK(float_to_bf16(-std::numeric_limits<float>::infinity()) == 0xff80);
+  CHECK(std::isnan(bf16_to_float(float_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  CHECK(float_to_bf16(std::numeric_limits<float>::max()) == 0x7f80);
+  CHECK(float_to_bf16(0x1p-133f) == 0x0001);
+  CHECK(bf16_to_float(0x0001) == 0x1p-133f);
+  CHECK(float_to_bf16(0x1p-134f) == 0x0000);
+  CHECK(float_to_bf16(-0.0f) == 0x8000);
+}
+
+TEST_CASE("host_dtype: fp16 conversions") {
+  check_every_pattern_round_trips(fp16_to_float, float_to_fp16, 5);
+  CHECK(float_to_fp16(1.0f) == 0x3c00);
+  CHECK(fp16_to_float(0x3c00) == 1.0f);
+  CHECK(float_to_fp16(-2.0f) == 0xc000);
+  // Round to nearest, ties to even: the step is 2^-10 at 1.0 and 2 at 2048.
+  CHECK(float_to_fp16(1.0f + 0x1p-11f) == 0x3c00);
+  CHECK(float_to_fp16(1.0f + 3 * 0x1p-11f) == 0x3c02);
+  CHECK(float_to_fp16(1.0f + 0x1p-11f + 0x1p-20f) == 0x3c01);
+  CHECK(float_to_fp16(2049.0f) == 0x6800);
+  CHECK(float_to_fp16(2051.0f) == 0x6802);
+  // Overflow: 65504 is the largest finite value; 65520 is the tie to inf.
+  CHECK(float_to_fp16(65504.0f) == 0x7bff);
+  CHECK(float_to_fp16(65519.0f) == 0x7bff);
+  CHECK(float_to_fp16(65520.0f) == 0x7c00);
+  CHECK(float_to_fp16(-65520.0f) == 0xfc00);
+  CHECK(float_to_fp16(1e30f) == 0x7c00);
+  CHECK(float_to_fp16(std::numeric_limits<float>::infinity()) == 0x7c00);
+  CHECK(fp16_to_float(0xfc00) == -std::numeric_limits<float>::infinity());
+  CHECK(is_nan16(float_to_fp16(std::numeric_limits<float>::quiet_NaN()), 5));
+  // Subnormals: the smallest is 2^-24; ties to even there too.
+  CHECK(float_to_fp16(0x1p-24f) == 0x0001);
+  CHECK(fp16_to_float(0x0001) == 0x1p-24f);
+  CHECK(fp16_to_float(0x8001) == -0x1p-24f);
+  CHECK(float_to_fp16(0x1p-25f) == 0x0000);
+  CHECK(float_to_fp16(3 * 0x1p-25f) == 0x0002);
+  CHECK(float_to_fp16(0x1p-25f + 0x1p-40f) == 0x0001);
+  CHECK(float_to_fp16(0x1p-14f - 0x1p-25f) == 0x0400);  // largest subnormal's tie rounds into the normals
+  CHECK(float_to_fp16(0x1p-14f) == 0x0400);
+  CHECK(float_to_fp16(-0x1p-30f) == 0x8000);
+  CHECK(std::signbit(fp16_to_float(0x8000)));
+}

@@ -1,1 +1,145 @@
+// Every autotune candidate of a few shapes against the float64 reference;
+// tuning, the tune policies and the tuned-config cache on a real device.
 #include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "autotune.hpp"
+#include "config_grid.hpp"
+#include "gpu_harness.hpp"
+#include "ops.hpp"
+#include "tuned_cache.hpp"
+
+using namespace normjit;
+using namespace normjit::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string temp_dir(const char* tag) {
+  static int n = 0;
+  const fs::path p = fs::temp_directory_path() / fmt::format("normjit-{}-{}-{}", tag, ::getpid(), n++);
+  fs::remove_all(p);
+  return p.string();
+}
+
+NormDesc desc_of(std::int64_t M, std::int64_t N, DType t, DType w) {
+  NormDesc d;
+  d.M = M;
+  d.N = N;
+  d.x_dtype = d.y_dtype = t;
+  d.weight_dtype = w;
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("every autotune candidate matches the float64 reference") {
+  const DeviceInfo dev = device_info(current_device());
+  KernelCache jit(temp_dir("kernels"));
+  const NormDesc shapes[] = {desc_of(777, 128, DType::BF16, DType::BF16), desc_of(300, 4096, DType::BF16, DType::F32),
+                             desc_of(257, 1000, DType::F16, DType::F16), desc_of(64, 5120, DType::F32, DType::F32),
+                             desc_of(9, 262144, DType::BF16, DType::BF16)};
+  for (const NormDesc& d : shapes) {
+    const std::uint64_t seed = fresh_seed();
+    CAPTURE(d.str());
+    CAPTURE(seed);
+    Random rng(seed);
+    Tensor x(d.x_dtype, d.M, d.N, d.N), w(d.weight_dtype, 1, d.N, d.N), y(d.y_dtype, d.M, d.N, d.N),
+        rstd(DType::F32, 1, d.M, d.M), dy(d.y_dtype, d.M, d.N, d.N), dx(d.x_dtype, d.M, d.N, d.N),
+        dw(d.weight_dtype, 1, d.N, d.N);
+    x.fill_random(rng, -3.f, 3.f);
+    w.fill_random(rng, -2.f, 2.f);
+    dy.fill_random(rng, -1.f, 1.f);
+    std::vector<double> y_ref, rstd_ref, dx_ref, dw_ref;
+    rms_forward_reference(d, x.host.data(), w.host.data(), &y_ref, &rstd_ref);
+    for (std::int64_t i = 0; i < d.M; ++i) store_as(DType::F32, rstd.host.data(), i, static_cast<float>(rstd_ref[i]));
+    rms_backward_reference(d, dy.host.data(), x.host.data(), w.host.data(),
+                           reinterpret_cast<const float*>(rstd.host.data()), &dx_ref, &dw_ref);
+    for (Op op : {Op::RmsForward, Op::RmsBackward}) {
+      const auto grid = candidate_grid(op, d);
+      REQUIRE(!grid.empty());
+      int ran = 0;
+      for (const auto& cfg : grid) {
+        CAPTURE(cfg.str());
+        auto k = jit.get(make_spec(op, d, cfg), dev.arch());
+        if (k->local_bytes > 0 || k->blocks_per_sm < 1) continue;  // the tuner prunes these too
+        ++ran;
+        if (op == Op::RmsForward) {
+          y.poison();
+          rstd.poison();
+          launch_forward(*k, d, {x.dev.get(), w.dev.get(), y.dev.get(), rstd.dev.get()}, dev.sm_count, nullptr);
+          y.download();
+          rstd.download();
+          CHECK(relative_error(y.values(), y_ref) <= tolerance(d.y_dtype));
+          CHECK(relative_error(rstd.values(), rstd_ref) <= 1e-5);
+        } else {
+          for (std::int64_t i = 0; i < d.M; ++i)
+            store_as(DType::F32, rstd.host.data(), i, static_cast<float>(rstd_ref[i]));
+          rstd.upload();
+          auto fin = jit.get(finalize_spec(d), dev.arch());
+          DeviceBuffer ws(std::max<std::size_t>(16, backward_workspace_bytes(*k, d, cfg.programs_per_sm, dev.sm_count)));
+          dx.poison();
+          dw.poison();
+          launch_backward(*k, *fin, d,
+                          {dy.dev.get(), x.dev.get(), w.dev.get(), rstd.dev.get(), dx.dev.get(), dw.dev.get(), ws.get()},
+                          cfg.programs_per_sm, dev.sm_count, nullptr);
+          dx.download();
+          dw.download();
+          CHECK(relative_error(dx.values(), dx_ref) <= tolerance(d.x_dtype));
+          CHECK(relative_error(dw.values(), dw_ref) <= tolerance(d.weight_dtype));
+        }
+      }
+      CHECK(ran > 0);
+    }
+  }
+}
+
+TEST_CASE("tuning stores a winner that later engines find; policies behave") {
+  const std::string dir = temp_dir("cache");
+  const NormDesc d = desc_of(4096, 2048, DType::BF16, DType::BF16);
+  EngineOptions o;
+  o.cache_dir = dir;
+
+  o.tune_policy = TunePolicy::Never;
+  {
+    Engine e(o);
+    ConfigSource src{};
+    const LaunchConfig c = e.config_for(Op::RmsForward, d, &src);
+    CHECK(src == ConfigSource::Heuristic);
+    CHECK(c == heuristic_config(Op::RmsForward, d));
+  }
+  o.tune_policy = TunePolicy::OnFirstUse;
+  LaunchConfig tuned;
+  {
+    Engine e(o);
+    ConfigSource src{};
+    tuned = e.config_for(Op::RmsForward, d, &src);
+    CHECK(src == ConfigSource::Tuned);
+    e.config_for(Op::RmsForward, d, &src);
+    CHECK(src == ConfigSource::Memory);
+  }
+  o.tune_policy = TunePolicy::Never;
+  {
+    Engine e(o);
+    ConfigSource src{};
+    CHECK(e.config_for(Op::RmsForward, d, &src) == tuned);
+    CHECK(src == ConfigSource::UserCache);
+    // Same M bucket, same entry.
+    NormDesc d2 = d;
+    d2.M = 3000;
+    CHECK(e.config_for(Op::RmsForward, d2, &src) == tuned);
+  }
+  // The stored entry keeps every candidate's time.
+  const auto files = list_tuned_cache_files(dir + "/tuned", default_warn);
+  REQUIRE(files.size() == 1);
+  const auto& entry = files[0].entries.at(shape_key(Op::RmsForward, d));
+  CHECK(entry.winner == tuned);
+  CHECK(entry.candidates.size() == candidate_grid(Op::RmsForward, d).size());
+  int timed = 0;
+  for (const auto& c : entry.candidates) timed += c.median_us > 0;
+  CHECK(timed > 0);
+  fs::remove_all(dir);
+}

@@ -1,1 +1,245 @@
+// NVRTC (no GPU needed): every grid variant compiles for sm_80 and sm_90, the
+// generated sources, the binary-cache key, the on-disk kernel cache and
+// CompileError.
 #include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "autotune.hpp"
+#include "config_grid.hpp"
+#include "jit.hpp"
+#include "nvrtc.hpp"
+#include "specialization.hpp"
+
+using namespace normjit;
+using namespace normjit::detail;
+namespace fs = std::filesystem;
+
+// Shared test helpers, defined in test_descriptors.cpp (the test files have no
+// header of their own).
+namespace normjit_test {
+std::shared_ptr<const fs::path> make_temp_dir(const std::string& tag);
+void write_text_file(const fs::path& path, const std::string& text);
+bool contains(const std::string& text, const std::string& part);
+NormDesc make_desc(std::int64_t M, std::int64_t N, DType xy = DType::BF16, DType w = DType::BF16);
+}  // namespace normjit_test
+
+using normjit_test::contains;
+using normjit_test::make_desc;
+using normjit_test::make_temp_dir;
+using normjit_test::write_text_file;
+
+namespace {
+
+bool is_elf(const std::string& bytes) { return bytes.size() > 4 && bytes.compare(0, 4, "\x7f" "ELF") == 0; }
+
+std::string read_binary(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Every spec the engine can ask for on `descs`: both ops' whole grids and the
+// backward's finalize kernel, without repeats.
+std::vector<KernelSpec> every_spec(const std::vector<NormDesc>& descs) {
+  std::vector<KernelSpec> specs;
+  std::set<std::string> seen;
+  auto add = [&](const KernelSpec& s) {
+    if (seen.insert(s.name()).second) specs.push_back(s);
+  };
+  for (const auto& d : descs) {
+    for (Op op : {Op::RmsForward, Op::RmsBackward})
+      for (const auto& cfg : candidate_grid(op, d)) add(make_spec(op, d, cfg));
+    add(finalize_spec(d));
+  }
+  return specs;
+}
+
+void check_contains_all(const std::string& text, const std::vector<std::string>& parts) {
+  for (const auto& part : parts) CHECK_MESSAGE(contains(text, part), "lacks '" << part << "' in:\n" << text);
+}
+
+KernelSpec bf16_4096_fwd() {
+  return make_spec(Op::RmsForward, make_desc(8192, 4096), LaunchConfig::parse("v8.t512.r1"));
+}
+
+}  // namespace
+
+TEST_CASE("nvrtc: every variant compiles for sm_80 and sm_90") {
+  const std::vector<NormDesc> descs = {
+      make_desc(8192, 128),
+      make_desc(8192, 4096),
+      make_desc(8192, 4096, DType::F32, DType::F32),
+      make_desc(8192, 1000, DType::F16, DType::F32),
+      make_desc(8192, 7, DType::F32, DType::F32),
+      make_desc(64, 262144),
+      make_desc(600000, 4096),  // M * N > 2^31: 64-bit offsets
+  };
+  const auto specs = every_spec(descs);
+  CHECK(std::count_if(specs.begin(), specs.end(), [](const KernelSpec& s) { return s.index64; }) > 0);
+  CHECK(std::count_if(specs.begin(), specs.end(), [](const KernelSpec& s) { return s.cfg.two_pass; }) > 0);
+  CHECK(std::count_if(specs.begin(), specs.end(),
+                      [](const KernelSpec& s) { return s.kind == KernelKind::DweightFinalize; }) == 2);
+
+  const std::string archs[] = {"sm_80", "sm_90"};
+  const int jobs = static_cast<int>(specs.size()) * 2;
+  std::vector<std::string> failures(jobs);  // filled by the workers, checked here
+  const auto start = std::chrono::steady_clock::now();
+  parallel_for(jobs, [&](int i) {
+    const KernelSpec& spec = specs[i / 2];
+    const std::string& arch = archs[i % 2];
+    try {
+      const KernelBinary b = compile_spec(spec, arch, "");
+      if (!is_elf(b.cubin)) failures[i] = "not an ELF file";
+      else if (b.from_disk || b.arch != arch) failures[i] = "wrong from_disk or arch";
+    } catch (const Error& e) {
+      failures[i] = e.what();
+    }
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  MESSAGE(fmt::format("compiled {} variants ({} specs x 2 archs) in {:.1f} s", jobs, specs.size(), seconds));
+  for (int i = 0; i < jobs; ++i) {
+    CAPTURE(specs[i / 2].name());
+    CAPTURE(archs[i % 2]);
+    CHECK_MESSAGE(failures[i].empty(), failures[i]);
+  }
+}
+
+TEST_CASE("nvrtc: the generated source holds the spec's constants and includes its template") {
+  const KernelSpec fwd = bf16_4096_fwd();
+  CHECK(fwd.name() == "rms_fwd.N4096.bf16.bf16.bf16.v8.t512.r1.i32.rstd");
+  CHECK(std::string(fwd.kernel_name()) == "normjit_rms_fwd");
+  CHECK(fwd.threads() == 512);
+  check_contains_all(fwd.source(), {"N = 4096", "VEC = 8", "TPR = 512", "ROWS = 1", "TWO_PASS = false",
+                                    "STORE_RSTD = true", "using x_t = nj::bf16_t", "using w_t = nj::bf16_t",
+                                    "using index_t = int;", "#include \"rmsnorm_fwd.cuh\"",
+                                    "#include \"common.cuh\"", fwd.name()});
+
+  NormDesc d = make_desc(3000000, 1000, DType::F16, DType::F32);
+  d.x_dtype = DType::F32;
+  const KernelSpec bwd = make_spec(Op::RmsBackward, d, LaunchConfig::parse("v4.t256.r1.2p"));
+  CHECK(bwd.index64);
+  CHECK_FALSE(bwd.store_rstd);
+  CHECK(bwd.name() == "rms_bwd.N1000.fp32.fp16.fp32.v4.t256.r1.2p.i64");
+  check_contains_all(bwd.source(), {"N = 1000", "VEC = 4", "TPR = 256", "TWO_PASS = true", "STORE_RSTD = false",
+                                    "using x_t = float", "using y_t = nj::half_t", "using index_t = long long",
+                                    "#include \"rmsnorm_bwd.cuh\""});
+  CHECK_FALSE(contains(bwd.source(), "rmsnorm_fwd.cuh"));
+
+  const KernelSpec fin = finalize_spec(make_desc(8, 64, DType::BF16, DType::F32));
+  CHECK(fin.name() == "dw_finalize.fp32");
+  CHECK(fin.threads() == 1024);
+  CHECK(contains(fin.source(), "#include \"dweight_finalize.cuh\""));
+
+  // 64-bit offsets exactly when an offset leaves the int range.
+  const LaunchConfig c = LaunchConfig::parse("v8.t512.r1");
+  CHECK_FALSE(make_spec(Op::RmsForward, make_desc(524287, 4096), c).index64);
+  CHECK(make_spec(Op::RmsForward, make_desc(524288, 4096), c).index64);
+  NormDesc strided = make_desc(2, 4096);
+  strided.y_stride = std::int64_t{1} << 31;
+  CHECK(make_spec(Op::RmsForward, strided, c).index64);
+  CHECK_FALSE(make_spec(Op::RmsBackward, strided, c).index64);  // y is not read backward
+}
+
+TEST_CASE("nvrtc: binary_cache_key is stable and changes with arch, N, dtype and config") {
+  const KernelSpec base = bf16_4096_fwd();
+  const std::string key = binary_cache_key(base, "sm_90");
+  CHECK(key.size() == 32);
+  CHECK(key.find_first_not_of("0123456789abcdef") == std::string::npos);
+  CHECK(binary_cache_key(bf16_4096_fwd(), "sm_90") == key);
+
+  std::vector<KernelSpec> variants(6, base);
+  variants[0].N = 5120;
+  variants[1].x = DType::F16;
+  variants[2].w = DType::F32;
+  variants[3].cfg.vec = 4;
+  variants[4].index64 = true;
+  variants[5].store_rstd = false;
+  std::set<std::string> keys = {key, binary_cache_key(base, "sm_80")};
+  for (const auto& v : variants) keys.insert(binary_cache_key(v, "sm_90"));
+  CHECK(keys.size() == variants.size() + 2);
+
+  // programs_per_sm is a launch parameter: every value shares one cubin.
+  const NormDesc d = make_desc(8192, 4096);
+  const KernelSpec p0 = make_spec(Op::RmsBackward, d, LaunchConfig::parse("v8.t512.r1"));
+  const KernelSpec p4 = make_spec(Op::RmsBackward, d, LaunchConfig::parse("v8.t512.r1.p4"));
+  CHECK(p4.name() == p0.name());
+  CHECK(binary_cache_key(p4, "sm_90") == binary_cache_key(p0, "sm_90"));
+}
+
+TEST_CASE("nvrtc: the disk cache serves a second compile and replaces a damaged file") {
+  const auto dir = make_temp_dir("kernels");
+  const std::string kernel_dir = (*dir / "kernels").string();  // created on first write
+  const KernelSpec spec = make_spec(Op::RmsForward, make_desc(64, 128), LaunchConfig::parse("v8.t16.r2"));
+
+  const KernelBinary first = compile_spec(spec, "sm_90", kernel_dir);
+  CHECK_FALSE(first.from_disk);
+  REQUIRE(is_elf(first.cubin));
+  CHECK(first.cache_key == binary_cache_key(spec, "sm_90"));
+  const fs::path file = fs::path(kernel_dir) / (first.cache_key + ".cubin");
+  REQUIRE(fs::exists(file));
+  CHECK(read_binary(file) == first.cubin);
+  CHECK(std::distance(fs::directory_iterator(kernel_dir), fs::directory_iterator()) == 1);  // no temp file left
+
+  const KernelBinary second = compile_spec(spec, "sm_90", kernel_dir);
+  CHECK(second.from_disk);
+  CHECK(second.cubin == first.cubin);
+  CHECK(second.cache_key == first.cache_key);
+
+  // Another arch is another file.
+  CHECK_FALSE(compile_spec(spec, "sm_80", kernel_dir).from_disk);
+  CHECK(std::distance(fs::directory_iterator(kernel_dir), fs::directory_iterator()) == 2);
+
+  for (const std::string damage : {"garbage, not a cubin", "", "\x7f" "ELF"}) {
+    CAPTURE(damage);
+    write_text_file(file, damage);
+    const KernelBinary again = compile_spec(spec, "sm_90", kernel_dir);
+    CHECK_FALSE(again.from_disk);
+    CHECK(is_elf(again.cubin));
+    CHECK(read_binary(file) == again.cubin);
+    CHECK(compile_spec(spec, "sm_90", kernel_dir).from_disk);
+  }
+}
+
+TEST_CASE("nvrtc: a syntax error gives a CompileError with log, options, kernel name and arch") {
+  const std::string src = "extern \"C\" __global__ void broken_kernel(float* p) { p[0] = ; }\n";
+  const std::vector<std::string> options = {"-std=c++17"};
+  try {
+    compile_cubin(src, "broken.cu", {}, options, "broken_kernel", "sm_90");
+    FAIL_CHECK("compile_cubin accepted a syntax error");
+  } catch (const CompileError& e) {
+    CHECK(e.kind() == ErrorKind::Compile);
+    CHECK_FALSE(e.log().empty());
+    CHECK(contains(e.log(), "broken.cu"));
+    const auto& o = e.options();
+    CHECK(std::find(o.begin(), o.end(), "--gpu-architecture=sm_90") != o.end());
+    CHECK(std::find(o.begin(), o.end(), "-std=c++17") != o.end());
+    CHECK(e.kernel_name() == "broken_kernel");
+    CHECK(e.arch() == "sm_90");
+    CHECK(contains(e.what(), "nvrtcCompileProgram"));
+    CHECK(contains(e.what(), e.log()));
+  }
+
+  // The same source, fixed, with a header from the map.
+  const std::map<std::string, std::string> headers = {{"value.cuh", "#define VALUE 42.0f\n"}};
+  const CompiledKernel ok = compile_cubin(
+      "#include \"value.cuh\"\nextern \"C\" __global__ void fixed_kernel(float* p) { p[0] = VALUE; }\n", "fixed.cu",
+      headers, options, "fixed_kernel", "sm_80");
+  CHECK(is_elf(ok.cubin));
+
+  // A missing header is a compile error too, naming the header in the log.
+  CHECK_THROWS_WITH_AS(compile_cubin("#include \"absent.cuh\"\n", "absent.cu", {}, options, "k", "sm_90"),
+                       doctest::Contains("absent.cuh"), CompileError);
+}

@@ -116,11 +116,13 @@ double check_against_reference(Engine& engine, Op op, const NormDesc& d, double*
     NJ_CU(cuMemcpyDtoH(h.data(), b.get(), h.size()));
     return h;
   };
-  auto as_float = [&](const std::vector<unsigned char>& raw, DType t, std::int64_t rows, std::int64_t ld) {
+  // rows x n values of a raw buffer with leading dimension ld.
+  auto as_float = [&](const std::vector<unsigned char>& raw, DType t, std::int64_t rows, std::int64_t n,
+                      std::int64_t ld) {
     std::vector<float> v;
-    v.reserve(rows * d.N);
+    v.reserve(rows * n);
     for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t j = 0; j < d.N; ++j) v.push_back(load_as(t, raw.data(), r * ld + j));
+      for (std::int64_t j = 0; j < n; ++j) v.push_back(load_as(t, raw.data(), r * ld + j));
     return v;
   };
   const auto hx = host(s.x), hw = host(s.w);
@@ -131,8 +133,8 @@ double check_against_reference(Engine& engine, Op op, const NormDesc& d, double*
     rms_forward_reference(d, hx.data(), hw.data(), &y, &rstd);
     *tol = tolerance(d.y_dtype);
     const auto hr = host(s.rstd);
-    return std::max(relative_error(as_float(host(s.y), d.y_dtype, d.M, d.y_ld()), y),
-                    relative_error(as_float(hr, DType::F32, 1, d.M), rstd));
+    return std::max(relative_error(as_float(host(s.y), d.y_dtype, d.M, d.N, d.y_ld()), y),
+                    relative_error(as_float(hr, DType::F32, 1, d.M, d.M), rstd));
   }
   const auto hdy = host(s.dy), hrstd = host(s.rstd);
   DeviceBuffer ws(std::max<std::size_t>(16, engine.rms_norm_backward_workspace_size(d)));
@@ -142,8 +144,8 @@ double check_against_reference(Engine& engine, Op op, const NormDesc& d, double*
   std::vector<double> dx, dw;
   rms_backward_reference(d, hdy.data(), hx.data(), hw.data(), reinterpret_cast<const float*>(hrstd.data()), &dx, &dw);
   *tol = std::max(tolerance(d.x_dtype), tolerance(d.weight_dtype));
-  return std::max(relative_error(as_float(host(s.dx), d.x_dtype, d.M, d.dx_ld()), dx),
-                  relative_error(as_float(host(s.dw), d.weight_dtype, 1, d.N), dw));
+  return std::max(relative_error(as_float(host(s.dx), d.x_dtype, d.M, d.N, d.dx_ld()), dx),
+                  relative_error(as_float(host(s.dw), d.weight_dtype, 1, d.N, d.N), dw));
 }
 
 BenchRow bench_one(Engine& engine, const DeviceInfo& dev, const DeviceBuffer& flush, Op op, const NamedShape& s,
@@ -379,7 +381,12 @@ int main(int argc, char** argv) {
 
   auto* doctor = app.add_subcommand("doctor", "Report driver, NVRTC, devices, cache paths and what is missing");
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // prints help, version or the error
+    return rc == 0 ? 0 : 2;      // one exit code for every bad command line
+  }
 
   try {
     EngineOptions opt = EngineOptions::from_env();
@@ -394,7 +401,8 @@ int main(int argc, char** argv) {
     if (cache_clear->parsed()) return cmd_cache_clear(engine);
     if (doctor->parsed()) return cmd_doctor(engine);
   } catch (const CLI::Error& e) {
-    return app.exit(e);
+    app.exit(e);
+    return 2;
   } catch (const Error& e) {
     fmt::print(stderr, "{}\n", e.what());
     return e.kind() == ErrorKind::InvalidArgument ? 2 : 1;

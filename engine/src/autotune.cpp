@@ -37,6 +37,15 @@ void parallel_for(int n, const std::function<void(int)>& fn) {
   if (first) std::rethrow_exception(first);
 }
 
+int pick_winner(const std::vector<CandidateTiming>& candidates, double tie) {
+  double best = -1;
+  for (const auto& c : candidates)
+    if (c.median_us > 0 && (best < 0 || c.median_us < best)) best = c.median_us;
+  for (std::size_t i = 0; i < candidates.size(); ++i)
+    if (candidates[i].median_us > 0 && candidates[i].median_us <= best * tie) return static_cast<int>(i);
+  return -1;
+}
+
 DeviceBuffer make_flush_buffer(const DeviceInfo& dev) {
   return DeviceBuffer(static_cast<std::size_t>(std::max<std::int64_t>(dev.l2_bytes, 1 << 20)) * 2);
 }
@@ -141,6 +150,9 @@ TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCa
   std::atomic<int> compiled{0};
   parallel_for(total, [&](int i) {
     try {
+      // Configs differing only in launch parameters share a cubin.
+      for (int j = 0; j < i; ++j)
+        if (make_spec(op, desc, grid[j]).name() == make_spec(op, desc, grid[i]).name()) return report(++compiled, "");
       binaries[i] = compile_spec(make_spec(op, desc, grid[i]), dev.arch(), jit.kernel_dir());
     } catch (const Error& e) {
       compile_error[i] = e.message();
@@ -154,7 +166,8 @@ TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCa
     CandidateTiming ct{grid[i], -1, compile_error[i]};
     if (ct.rejected.empty()) {
       try {
-        kernels[i] = jit.get(make_spec(op, desc, grid[i]), dev.arch(), &binaries[i]);
+        const KernelBinary* bin = binaries[i].cubin.empty() ? nullptr : &binaries[i];
+        kernels[i] = jit.get(make_spec(op, desc, grid[i]), dev.arch(), bin);
         const auto& k = *kernels[i];
         if (k.local_bytes > 0)
           ct.rejected = fmt::format("spills: {} bytes of local memory per thread", k.local_bytes);
@@ -173,22 +186,23 @@ TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCa
   Scratch s(op, desc, 0x5eed0000u + static_cast<std::uint64_t>(desc.N));
   std::size_t ws_bytes = 16;
   for (const auto& k : kernels)
-    if (k && op == Op::RmsBackward) ws_bytes = std::max(ws_bytes, backward_workspace_bytes(*k, desc, dev.sm_count));
+    if (k && op == Op::RmsBackward) ws_bytes = std::max(ws_bytes, backward_workspace_bytes(*k, desc, 0, dev.sm_count));
   s.workspace = DeviceBuffer(ws_bytes);
-  auto run = [&](const LoadedKernel& k, CUstream st) {
+  auto run = [&](int i, CUstream st) {
+    const LoadedKernel& k = *kernels[i];
     if (op == Op::RmsForward)
       launch_forward(k, desc, {s.x.get(), s.w.get(), s.y.get(), desc.store_rstd ? s.rstd.get() : 0}, dev.sm_count, st);
     else
       launch_backward(k, *fin, desc, {s.dy.get(), s.x.get(), s.w.get(), s.rstd.get(), s.dx.get(), s.dw.get(), s.workspace.get()},
-                      dev.sm_count, st);
+                      grid[i].programs_per_sm, dev.sm_count, st);
   };
   const DType out_t = op == Op::RmsForward ? desc.y_dtype : desc.x_dtype;
   const DeviceBuffer& out = op == Op::RmsForward ? s.y : s.dx;
   const std::size_t out_n = static_cast<std::size_t>(
       desc.M > 0 ? (desc.M - 1) * (op == Op::RmsForward ? desc.y_ld() : desc.dx_ld()) + desc.N : 0);
-  auto outputs = [&](const LoadedKernel& k) {
+  auto outputs = [&](int i) {
     s.poison(op, desc);
-    run(k, nullptr);
+    run(i, nullptr);
     std::vector<std::vector<float>> o{download(out, out_t, out_n)};
     if (op == Op::RmsForward && desc.store_rstd) o.push_back(download(s.rstd, DType::F32, desc.M));
     if (op == Op::RmsBackward) o.push_back(download(s.dw, desc.weight_dtype, desc.N));
@@ -208,35 +222,28 @@ TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCa
   if (!kernels[ref_i])
     throw Error(ErrorKind::Tuning, "the reference (heuristic) config cannot run: " + res.candidates[ref_i].rejected,
                 op_name(op), desc.str(), ref_cfg.str());
-  const auto ref = outputs(*kernels[ref_i]);
+  const auto ref = outputs(ref_i);
 
   // 4. Check, then time, every survivor.
   DeviceBuffer flush = make_flush_buffer(dev);
   for (int i = 0; i < total; ++i) {
     auto& ct = res.candidates[i];
     if (!kernels[i]) continue;
-    const auto got = outputs(*kernels[i]);
+    const auto got = outputs(i);
     const char* names[] = {op == Op::RmsForward ? "y" : "dx", op == Op::RmsForward ? "rstd" : "dweight"};
     const DType types[] = {out_t, op == Op::RmsForward ? DType::F32 : desc.weight_dtype};
     for (std::size_t j = 0; j < ref.size() && ct.rejected.empty(); ++j)
       ct.rejected = mismatch(got[j], ref[j], types[j], names[j]);
     if (!ct.rejected.empty()) continue;
-    ct.median_us = median_us([&](CUstream st) { run(*kernels[i], st); }, flush);
+    ct.median_us = median_us([&](CUstream st) { run(i, st); }, flush);
     report(i + 1, fmt::format("timed {} {:.2f} us", ct.config.str(), ct.median_us));
   }
 
-  // 5. Fastest, with ties (2%) going to the simpler config: the grid is sorted
-  //    simplest first, so the first within 2% of the best wins.
-  double best = -1;
-  for (const auto& ct : res.candidates)
-    if (ct.median_us > 0 && (best < 0 || ct.median_us < best)) best = ct.median_us;
-  if (best < 0) throw Error(ErrorKind::Tuning, "no candidate passed", op_name(op), desc.str());
-  for (const auto& ct : res.candidates)
-    if (ct.median_us > 0 && ct.median_us <= best * 1.02) {
-      res.winner = ct.config;
-      res.winner_us = ct.median_us;
-      break;
-    }
+  // 5. Fastest, with ties going to the simpler config.
+  const int w = pick_winner(res.candidates);
+  if (w < 0) throw Error(ErrorKind::Tuning, "no candidate passed", op_name(op), desc.str());
+  res.winner = res.candidates[w].config;
+  res.winner_us = res.candidates[w].median_us;
   return res;
 }
 

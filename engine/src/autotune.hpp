@@ -41,6 +41,11 @@ using ProgressFn = std::function<void(int, int, const std::string&)>;
 TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCache& jit,
                     const ProgressFn& progress = {});
 
+/// Index of the winner among `candidates` (in grid order, simplest first):
+/// the first whose median is within `tie` (2%) of the fastest. -1 when none
+/// was timed. Pure, so the tie rule is testable without a GPU.
+int pick_winner(const std::vector<CandidateTiming>& candidates, double tie = 1.02);
+
 /// Runs `fn(i)` for i in [0, n) on up to hardware_concurrency threads;
 /// rethrows the first exception after all finished.
 void parallel_for(int n, const std::function<void(int)>& fn);

@@ -46,6 +46,8 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
     return no(fmt::format("{} elements per thread exceed the register budget", per_thread));
   }
   if (op == Op::RmsBackward && c.rows_per_pid > 1 && d.N * 4 > 32768) return no("dweight staging exceeds 32 KiB of shared memory");
+  if (c.programs_per_sm < 0 || (op == Op::RmsForward && c.programs_per_sm != 0))
+    return no("programs_per_sm is a backward launch parameter >= 0");
   return true;
 }
 
@@ -68,7 +70,10 @@ std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& d) {
           // Rows per program beyond what M needs only idle threads, but keep
           // the smallest block for each tpr.
           if (c.rows_per_pid > mb && threads > std::max(32, tpr)) continue;
-          if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+          for (int p : op == Op::RmsBackward ? std::vector<int>{0, 1, 2, 4} : std::vector<int>{0}) {
+            c.programs_per_sm = p;
+            if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+          }
         }
       }
     }
@@ -89,7 +94,8 @@ LaunchConfig heuristic_config(Op op, const NormDesc& d) {
   std::int64_t best_score = INT64_MAX;
   for (const auto& c : grid) {
     const std::int64_t score = 4 * std::llabs(static_cast<long long>(c.threads_per_row) - want_tpr) +
-                               std::llabs(c.threads() - 256L) + (c.vec != vmax ? 100000 : 0);
+                               std::llabs(c.threads() - 256L) + (c.vec != vmax ? 100000 : 0) +
+                               (op == Op::RmsBackward && c.programs_per_sm != 2 ? 1 : 0);
     if (score < best_score) {
       best_score = score;
       best = &c;
@@ -115,7 +121,7 @@ LaunchConfig fit_alignment(const LaunchConfig& cfg, const NormDesc&,
 }
 
 std::vector<int> simplicity_key(const LaunchConfig& c) {
-  return {c.two_pass ? 1 : 0, c.threads(), c.rows_per_pid, -c.vec};
+  return {c.two_pass ? 1 : 0, c.threads(), c.rows_per_pid, -c.vec, c.programs_per_sm};
 }
 
 Geometry launch_geometry(Op op, const NormDesc& d, const LaunchConfig& c, int sm_count, int blocks_per_sm) {
@@ -125,7 +131,8 @@ Geometry launch_geometry(Op op, const NormDesc& d, const LaunchConfig& c, int sm
   if (op == Op::RmsForward) {
     g.grid = static_cast<unsigned>(programs);
   } else {
-    const std::int64_t resident = static_cast<std::int64_t>(sm_count) * std::max(1, blocks_per_sm);
+    const int per_sm = c.programs_per_sm ? std::min(c.programs_per_sm, blocks_per_sm) : blocks_per_sm;
+    const std::int64_t resident = static_cast<std::int64_t>(sm_count) * std::max(1, per_sm);
     g.grid = static_cast<unsigned>(std::max<std::int64_t>(1, std::min(programs, resident)));
   }
   return g;

@@ -22,7 +22,8 @@ int max_vec(const NormDesc& desc);
 /// compiler: vec <= 16 bytes and <= N; threads_per_row no wider than the row
 /// needs; the row fits the per-thread register budget, else two-pass with one
 /// row per program; block sizes of 128..1024 (32 or 64 for a lone narrow row);
-/// no more rows per program than the M bucket needs. Sorted simplest first.
+/// no more rows per program than the M bucket needs; backward grids of 1, 2
+/// or 4 programs per SM or as many as fit. Sorted simplest first.
 std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& desc);
 
 /// Is `cfg` valid for `op` on `desc` (would candidate_grid's rules allow it,
@@ -38,16 +39,17 @@ LaunchConfig fit_alignment(const LaunchConfig& cfg, const NormDesc& desc,
                            const std::vector<std::pair<const void*, DType>>& pointers,
                            const std::vector<std::int64_t>& strides);
 
-/// Rank for ties: a smaller key is simpler (fewer threads, fewer rows per
-/// program, one pass, wider vectors).
+/// Rank for ties: a smaller key is simpler (one pass, fewer threads, fewer
+/// rows per program, wider vectors, the occupancy-sized grid).
 std::vector<int> simplicity_key(const LaunchConfig& cfg);
 
 struct Geometry {
   unsigned grid = 0, block = 0;
 };
 /// Grid and block of `op`. Forward: one program per ROWS_PER_PID rows.
-/// Backward: a persistent grid of min(programs needed, sm_count *
-/// blocks_per_sm), which is also the number of partial dweight rows.
+/// Backward: a persistent grid of min(programs needed, sm_count * P), with P
+/// = cfg.programs_per_sm capped at blocks_per_sm (0: blocks_per_sm); the grid
+/// size is also the number of partial dweight rows.
 Geometry launch_geometry(Op op, const NormDesc& desc, const LaunchConfig& cfg, int sm_count,
                          int blocks_per_sm);
 

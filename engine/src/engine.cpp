@@ -210,7 +210,7 @@ std::size_t Engine::rms_norm_backward_workspace_size(const NormDesc& d) {
   // alignment-lowered vec the block size (and so the grid) is unchanged.
   const LaunchConfig cfg = impl_->resolve(st, Op::RmsBackward, d, nullptr);
   auto k = impl_->jit.get(make_spec(Op::RmsBackward, d, cfg), st.info.arch());
-  return backward_workspace_bytes(*k, d, st.info.sm_count);
+  return backward_workspace_bytes(*k, d, cfg.programs_per_sm, st.info.sm_count);
 }
 
 void Engine::rms_norm_backward(const NormDesc& d, const void* dy, const void* x, const void* weight,
@@ -241,13 +241,14 @@ void Engine::rms_norm_backward(const NormDesc& d, const void* dy, const void* x,
                         {d.dy_ld(), d.x_ld(), d.dx_ld()});
     auto k = impl_->jit.get(make_spec(op, d, cfg), arch);
     auto fin = impl_->jit.get(finalize_spec(d), arch);
-    const std::size_t need = backward_workspace_bytes(*k, d, sms);
+    const std::size_t need = backward_workspace_bytes(*k, d, cfg.programs_per_sm, sms);
     if (workspace_bytes < need)
       throw Error(ErrorKind::InvalidArgument,
                   fmt::format("workspace_bytes = {} is too small: {} needed (rms_norm_backward_workspace_size)",
                               workspace_bytes, need));
     auto p = [](const void* v) { return reinterpret_cast<CUdeviceptr>(v); };
-    launch_backward(*k, *fin, d, {p(dy), p(x), p(weight), p(rstd), p(dx), p(dweight), p(workspace)}, sms, stream);
+    launch_backward(*k, *fin, d, {p(dy), p(x), p(weight), p(rstd), p(dx), p(dweight), p(workspace)},
+                    cfg.programs_per_sm, sms, stream);
   } catch (const CompileError&) {
     throw;
   } catch (const Error& e) {

@@ -13,19 +13,28 @@ void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardPtrs&
   k.launch(g.grid, g.block, s, args);
 }
 
-std::size_t backward_workspace_bytes(const LoadedKernel& k, const NormDesc& d, int sm_count) {
+namespace {
+Geometry backward_geometry(const LoadedKernel& k, const NormDesc& d, int programs_per_sm, int sm_count) {
+  LaunchConfig c = k.spec().cfg;
+  c.programs_per_sm = programs_per_sm;
+  return launch_geometry(Op::RmsBackward, d, c, sm_count, k.blocks_per_sm);
+}
+}  // namespace
+
+std::size_t backward_workspace_bytes(const LoadedKernel& k, const NormDesc& d, int programs_per_sm, int sm_count) {
   if (d.M == 0) return 0;
-  const Geometry g = launch_geometry(Op::RmsBackward, d, k.spec().cfg, sm_count, k.blocks_per_sm);
+  const Geometry g = backward_geometry(k, d, programs_per_sm, sm_count);
   return static_cast<std::size_t>(g.grid) * static_cast<std::size_t>(d.N) * sizeof(float);
 }
 
 void launch_backward(const LoadedKernel& k, const LoadedKernel& fin, const NormDesc& d, const BackwardPtrs& p,
-                     int sm_count, CUstream s) {
-  const Geometry g = launch_geometry(Op::RmsBackward, d, k.spec().cfg, sm_count, k.blocks_per_sm);
+                     int programs_per_sm, int sm_count, CUstream s) {
+  const Geometry g = backward_geometry(k, d, programs_per_sm, sm_count);
   long long M = d.M, dys = d.dy_ld(), xs = d.x_ld(), dxs = d.dx_ld();
   CUdeviceptr dy = p.dy, x = p.x, w = p.w, rstd = p.rstd, dx = p.dx, ws = p.workspace, dw = p.dw;
-  void* args[] = {&dy, &x, &w, &rstd, &dx, &ws, &M, &dys, &xs, &dxs};
+  void* args[] = {&dy, &x, &w, &rstd, &dx, &ws, &dw, &M, &dys, &xs, &dxs};
   k.launch(g.grid, g.block, s, args);
+  if (g.grid == 1) return;  // one program wrote dweight itself
   int programs = static_cast<int>(g.grid), n = static_cast<int>(d.N);
   void* fargs[] = {&ws, &dw, &programs, &n};
   fin.launch(static_cast<unsigned>((d.N + 31) / 32), 1024, s, fargs);

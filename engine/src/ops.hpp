@@ -20,11 +20,13 @@ struct BackwardPtrs {
 
 void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardPtrs& p, int sm_count, CUstream s);
 
-/// Bytes of partial dweight rows `k` needs for `d` (programs x N fp32).
-std::size_t backward_workspace_bytes(const LoadedKernel& k, const NormDesc& d, int sm_count);
+/// Bytes of partial dweight rows `k` needs for `d` (programs x N fp32);
+/// `programs_per_sm` as in LaunchConfig (a launch parameter).
+std::size_t backward_workspace_bytes(const LoadedKernel& k, const NormDesc& d, int programs_per_sm, int sm_count);
 
-/// The row kernel, then the dweight finalize kernel `fin`.
+/// The row kernel, then (when it ran more than one program) the dweight
+/// finalize kernel `fin`.
 void launch_backward(const LoadedKernel& k, const LoadedKernel& fin, const NormDesc& d, const BackwardPtrs& p,
-                     int sm_count, CUstream s);
+                     int programs_per_sm, int sm_count, CUstream s);
 
 }  // namespace normjit::detail

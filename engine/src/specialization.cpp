@@ -66,6 +66,7 @@ KernelSpec make_spec(Op op, const NormDesc& d, const LaunchConfig& cfg) {
   s.y = d.y_dtype;
   s.w = d.weight_dtype;
   s.cfg = cfg;
+  s.cfg.programs_per_sm = 0;  // a launch parameter: one cubin serves every value
   s.store_rstd = op == Op::RmsForward && d.store_rstd;
   if (op == Op::RmsForward)
     s.index64 = needs_index64(d.M, d.x_ld(), d.N) || needs_index64(d.M, d.y_ld(), d.N);

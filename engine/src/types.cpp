@@ -87,23 +87,25 @@ std::string NormDesc::str() const {
 }
 
 std::string LaunchConfig::str() const {
-  return fmt::format("v{}.t{}.r{}{}", vec, threads_per_row, rows_per_pid, two_pass ? ".2p" : "");
+  return fmt::format("v{}.t{}.r{}{}{}", vec, threads_per_row, rows_per_pid, two_pass ? ".2p" : "",
+                     programs_per_sm ? fmt::format(".p{}", programs_per_sm) : "");
 }
 
 LaunchConfig LaunchConfig::parse(const std::string& text) {
-  static const std::regex re(R"(v(\d+)\.t(\d+)\.r(\d+)(\.2p)?)");
+  static const std::regex re(R"(v(\d+)\.t(\d+)\.r(\d+)(\.2p)?(?:\.p(\d+))?)");
   std::smatch m;
   if (!std::regex_match(text, m, re))
-    throw bad(fmt::format("config = '{}' is not of the form v<vec>.t<threads>.r<rows>[.2p]", text));
+    throw bad(fmt::format("config = '{}' is not of the form v<vec>.t<threads>.r<rows>[.2p][.p<programs>]", text));
   LaunchConfig c;
   c.vec = std::stoi(m[1]);
   c.threads_per_row = std::stoi(m[2]);
   c.rows_per_pid = std::stoi(m[3]);
   c.two_pass = m[4].matched;
+  c.programs_per_sm = m[5].matched ? std::stoi(m[5]) : 0;
   auto pow2 = [](int v) { return v > 0 && (v & (v - 1)) == 0; };
   if (!pow2(c.vec) || c.vec > 8 || !pow2(c.threads_per_row) || c.threads_per_row > 1024 ||
-      !pow2(c.rows_per_pid) || c.threads() > 1024)
-    throw bad(fmt::format("config = '{}' is out of range (vec <= 8, threads <= 1024, powers of two)", text));
+      !pow2(c.rows_per_pid) || c.threads() > 1024 || c.programs_per_sm > 64)
+    throw bad(fmt::format("config = '{}' is out of range (vec <= 8, threads <= 1024, powers of two, p <= 64)", text));
   return c;
 }
 

@@ -123,14 +123,18 @@ struct LaunchConfig {
   int threads_per_row = 32; ///< threads that cooperate on one row (power of two)
   int rows_per_pid = 1;     ///< rows one program (CTA) handles at once: ROWS_PER_PID
   bool two_pass = false;    ///< re-read the row instead of caching it in registers (wide rows)
+  /// Backward only, a launch parameter (not compiled in): programs per SM of
+  /// the persistent grid; 0 = as many as fit. Fewer programs mean a smaller
+  /// dweight partial buffer; more mean more rows in flight.
+  int programs_per_sm = 0;
 
   int threads() const { return threads_per_row * rows_per_pid; }
-  /// "v8.t512.r1" or "v8.t1024.r1.2p"; parse() reads the same form.
+  /// "v8.t512.r1", "v8.t1024.r1.2p", "v8.t256.r1.p2"; parse() reads the same form.
   std::string str() const;
   static LaunchConfig parse(const std::string& text);
   bool operator==(const LaunchConfig& o) const {
     return vec == o.vec && threads_per_row == o.threads_per_row &&
-           rows_per_pid == o.rows_per_pid && two_pass == o.two_pass;
+           rows_per_pid == o.rows_per_pid && two_pass == o.two_pass && programs_per_sm == o.programs_per_sm;
   }
   bool operator!=(const LaunchConfig& o) const { return !(*this == o); }
 };
