@@ -80,12 +80,13 @@ TEST_CASE("every autotune candidate matches the float64 reference") {
             store_as(DType::F32, rstd.host.data(), i, static_cast<float>(rstd_ref[i]));
           rstd.upload();
           auto fin = jit.get(finalize_spec(d), dev.arch());
-          DeviceBuffer ws(std::max<std::size_t>(16, backward_workspace_bytes(*k, d, cfg.programs_per_sm, dev.sm_count)));
+          const Geometry g = backward_geometry(*k, d, cfg, dev.sm_count);
+          DeviceBuffer ws(std::max<std::size_t>(16, backward_workspace_bytes(g, d)));
           dx.poison();
           dw.poison();
           launch_backward(*k, *fin, d,
                           {dy.dev.get(), x.dev.get(), w.dev.get(), rstd.dev.get(), dx.dev.get(), dw.dev.get(), ws.get()},
-                          cfg.programs_per_sm, dev.sm_count, nullptr);
+                          g, nullptr);
           dx.download();
           dw.download();
           CHECK(relative_error(dx.values(), dx_ref) <= tolerance(d.x_dtype));

@@ -186,7 +186,8 @@ TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCa
   Scratch s(op, desc, 0x5eed0000u + static_cast<std::uint64_t>(desc.N));
   std::size_t ws_bytes = 16;
   for (const auto& k : kernels)
-    if (k && op == Op::RmsBackward) ws_bytes = std::max(ws_bytes, backward_workspace_bytes(*k, desc, 0, dev.sm_count));
+    if (k && op == Op::RmsBackward)
+      ws_bytes = std::max(ws_bytes, backward_workspace_bytes(backward_geometry(*k, desc, {}, dev.sm_count), desc));
   s.workspace = DeviceBuffer(ws_bytes);
   auto run = [&](int i, CUstream st) {
     const LoadedKernel& k = *kernels[i];
@@ -194,7 +195,7 @@ TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCa
       launch_forward(k, desc, {s.x.get(), s.w.get(), s.y.get(), desc.store_rstd ? s.rstd.get() : 0}, dev.sm_count, st);
     else
       launch_backward(k, *fin, desc, {s.dy.get(), s.x.get(), s.w.get(), s.rstd.get(), s.dx.get(), s.dw.get(), s.workspace.get()},
-                      grid[i].programs_per_sm, dev.sm_count, st);
+                      backward_geometry(k, desc, grid[i], dev.sm_count), st);
   };
   const DType out_t = op == Op::RmsForward ? desc.y_dtype : desc.x_dtype;
   const DeviceBuffer& out = op == Op::RmsForward ? s.y : s.dx;

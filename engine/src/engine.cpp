@@ -206,11 +206,10 @@ std::size_t Engine::rms_norm_backward_workspace_size(const NormDesc& d) {
   if (d.M == 0) return 0;
   std::lock_guard<std::mutex> lk(impl_->mu);
   auto& st = impl_->state();
-  // The workspace depends on the persistent grid, so on the config; with
-  // alignment-lowered vec the block size (and so the grid) is unchanged.
+  // The workspace is one partial row per program of the persistent grid.
   const LaunchConfig cfg = impl_->resolve(st, Op::RmsBackward, d, nullptr);
   auto k = impl_->jit.get(make_spec(Op::RmsBackward, d, cfg), st.info.arch());
-  return backward_workspace_bytes(*k, d, cfg.programs_per_sm, st.info.sm_count);
+  return backward_workspace_bytes(backward_geometry(*k, d, cfg, st.info.sm_count), d);
 }
 
 void Engine::rms_norm_backward(const NormDesc& d, const void* dy, const void* x, const void* weight,
@@ -237,18 +236,20 @@ void Engine::rms_norm_backward(const NormDesc& d, const void* dy, const void* x,
       arch = st.info.arch();
       sms = st.info.sm_count;
     }
+    // The grid comes from the resolved config, the kernel from the one that
+    // fits the pointers' alignment.
+    const Geometry g = backward_geometry(*impl_->jit.get(make_spec(op, d, cfg), arch), d, cfg, sms);
     cfg = fit_alignment(cfg, d, {{dy, d.y_dtype}, {x, d.x_dtype}, {weight, d.weight_dtype}, {dx, d.x_dtype}},
                         {d.dy_ld(), d.x_ld(), d.dx_ld()});
     auto k = impl_->jit.get(make_spec(op, d, cfg), arch);
     auto fin = impl_->jit.get(finalize_spec(d), arch);
-    const std::size_t need = backward_workspace_bytes(*k, d, cfg.programs_per_sm, sms);
+    const std::size_t need = backward_workspace_bytes(g, d);
     if (workspace_bytes < need)
       throw Error(ErrorKind::InvalidArgument,
                   fmt::format("workspace_bytes = {} is too small: {} needed (rms_norm_backward_workspace_size)",
                               workspace_bytes, need));
     auto p = [](const void* v) { return reinterpret_cast<CUdeviceptr>(v); };
-    launch_backward(*k, *fin, d, {p(dy), p(x), p(weight), p(rstd), p(dx), p(dweight), p(workspace)},
-                    cfg.programs_per_sm, sms, stream);
+    launch_backward(*k, *fin, d, {p(dy), p(x), p(weight), p(rstd), p(dx), p(dweight), p(workspace)}, g, stream);
   } catch (const CompileError&) {
     throw;
   } catch (const Error& e) {
@@ -262,7 +263,9 @@ int Engine::precompile(Op op, const NormDesc& d, const std::string& arch, std::v
   if (arch.rfind("sm_", 0) != 0 || arch.size() < 5)
     throw Error(ErrorKind::InvalidArgument, fmt::format("arch = '{}' is not of the form sm_XY (e.g. sm_90)", arch));
   std::vector<KernelSpec> specs;
-  for (const auto& c : candidate_grid(op, d)) specs.push_back(make_spec(op, d, c));
+  std::set<std::string> seen;  // configs differing only in launch parameters share a cubin
+  for (const auto& c : candidate_grid(op, d))
+    if (KernelSpec s = make_spec(op, d, c); seen.insert(s.name()).second) specs.push_back(s);
   if (op == Op::RmsBackward) specs.push_back(finalize_spec(d));
   std::atomic<int> ok{0};
   std::mutex mu;

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -40,7 +41,9 @@ bool read_file(const fs::path& p, std::string* out) {
 void write_atomic(const fs::path& p, const std::string& data) {
   std::error_code ec;
   fs::create_directories(p.parent_path(), ec);
-  const std::string tmp = fmt::format("{}.tmp.{}", p.string(), ::getpid());
+  // Unique per process and thread: concurrent writers never share a temp file.
+  static std::atomic<unsigned> counter{0};
+  const std::string tmp = fmt::format("{}.tmp.{}.{}", p.string(), ::getpid(), counter++);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return;  // the disk cache is an optimisation: a failed write is not an error
   bool ok = ::write(fd, data.data(), data.size()) == static_cast<ssize_t>(data.size());

@@ -13,23 +13,16 @@ void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardPtrs&
   k.launch(g.grid, g.block, s, args);
 }
 
-namespace {
-Geometry backward_geometry(const LoadedKernel& k, const NormDesc& d, int programs_per_sm, int sm_count) {
-  LaunchConfig c = k.spec().cfg;
-  c.programs_per_sm = programs_per_sm;
-  return launch_geometry(Op::RmsBackward, d, c, sm_count, k.blocks_per_sm);
+Geometry backward_geometry(const LoadedKernel& k, const NormDesc& d, const LaunchConfig& cfg, int sm_count) {
+  return launch_geometry(Op::RmsBackward, d, cfg, sm_count, k.blocks_per_sm);
 }
-}  // namespace
 
-std::size_t backward_workspace_bytes(const LoadedKernel& k, const NormDesc& d, int programs_per_sm, int sm_count) {
-  if (d.M == 0) return 0;
-  const Geometry g = backward_geometry(k, d, programs_per_sm, sm_count);
-  return static_cast<std::size_t>(g.grid) * static_cast<std::size_t>(d.N) * sizeof(float);
+std::size_t backward_workspace_bytes(const Geometry& g, const NormDesc& d) {
+  return d.M == 0 ? 0 : static_cast<std::size_t>(g.grid) * static_cast<std::size_t>(d.N) * sizeof(float);
 }
 
 void launch_backward(const LoadedKernel& k, const LoadedKernel& fin, const NormDesc& d, const BackwardPtrs& p,
-                     int programs_per_sm, int sm_count, CUstream s) {
-  const Geometry g = backward_geometry(k, d, programs_per_sm, sm_count);
+                     const Geometry& g, CUstream s) {
   long long M = d.M, dys = d.dy_ld(), xs = d.x_ld(), dxs = d.dx_ld();
   CUdeviceptr dy = p.dy, x = p.x, w = p.w, rstd = p.rstd, dx = p.dx, ws = p.workspace, dw = p.dw;
   void* args[] = {&dy, &x, &w, &rstd, &dx, &ws, &dw, &M, &dys, &xs, &dxs};

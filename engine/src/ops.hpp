@@ -20,13 +20,18 @@ struct BackwardPtrs {
 
 void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardPtrs& p, int sm_count, CUstream s);
 
-/// Bytes of partial dweight rows `k` needs for `d` (programs x N fp32);
-/// `programs_per_sm` as in LaunchConfig (a launch parameter).
-std::size_t backward_workspace_bytes(const LoadedKernel& k, const NormDesc& d, int programs_per_sm, int sm_count);
+/// The persistent grid of the backward under `cfg`, whose kernel (compiled
+/// with cfg's vec) is `k`. It is fixed by the config, not by the kernel that
+/// finally runs (alignment may lower vec and so change occupancy), so the
+/// workspace size and the results do not depend on pointer alignment.
+Geometry backward_geometry(const LoadedKernel& k, const NormDesc& d, const LaunchConfig& cfg, int sm_count);
 
-/// The row kernel, then (when it ran more than one program) the dweight
-/// finalize kernel `fin`.
+/// Bytes of partial dweight rows for `g` (programs x N fp32).
+std::size_t backward_workspace_bytes(const Geometry& g, const NormDesc& d);
+
+/// The row kernel `k` on grid `g`, then (when g has more than one program)
+/// the dweight finalize kernel `fin`.
 void launch_backward(const LoadedKernel& k, const LoadedKernel& fin, const NormDesc& d, const BackwardPtrs& p,
-                     int programs_per_sm, int sm_count, CUstream s);
+                     const Geometry& g, CUstream s);
 
 }  // namespace normjit::detail

@@ -29,9 +29,14 @@ inline void rms_forward_reference(const NormDesc& d, const void* x, const void* 
   }
 }
 
-/// RMSNorm backward with the given rstd; returns dx (M x N, dense) and dw (N).
+/// RMSNorm backward with the given rstd; returns dx (M x N, dense) and dw
+/// (N), and in dx_scale (if given) |rstd*dy*w| + |rstd*xhat*c| per element:
+/// the size of the two terms whose difference is dx. When they nearly cancel
+/// (N = 1, say) dx is tiny and only an error measured against them is fair.
 inline void rms_backward_reference(const NormDesc& d, const void* dy, const void* x, const void* w,
-                                   const float* rstd, std::vector<double>* dx, std::vector<double>* dw) {
+                                   const float* rstd, std::vector<double>* dx, std::vector<double>* dw,
+                                   std::vector<double>* dx_scale = nullptr) {
+  if (dx_scale) dx_scale->assign(static_cast<std::size_t>(d.M * d.N), 0.0);
   dx->assign(static_cast<std::size_t>(d.M * d.N), 0.0);
   dw->assign(static_cast<std::size_t>(d.N), 0.0);
   for (std::int64_t i = 0; i < d.M; ++i) {
@@ -44,7 +49,9 @@ inline void rms_backward_reference(const NormDesc& d, const void* dy, const void
     for (std::int64_t j = 0; j < d.N; ++j) {
       const double xh = load_as(d.x_dtype, x, i * d.x_ld() + j) * r;
       const double g = load_as(d.y_dtype, dy, i * d.dy_ld() + j);
-      (*dx)[i * d.N + j] = r * (g * load_as(d.weight_dtype, w, j) - xh * c);
+      const double gw = g * load_as(d.weight_dtype, w, j);
+      (*dx)[i * d.N + j] = r * (gw - xh * c);
+      if (dx_scale) (*dx_scale)[i * d.N + j] = std::fabs(r * gw) + std::fabs(r * xh * c);
       (*dw)[j] += g * xh;
     }
   }
@@ -58,6 +65,19 @@ inline double relative_error(const std::vector<float>& got, const std::vector<do
     const double e = got[i] - ref[i];
     num += e * e;
     den += ref[i] * ref[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+/// ||got - ref|| / ||scale||; +inf if any got is NaN/inf.
+inline double scaled_error(const std::vector<float>& got, const std::vector<double>& ref,
+                           const std::vector<double>& scale) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    const double e = got[i] - ref[i];
+    num += e * e;
+    den += scale[i] * scale[i];
   }
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }

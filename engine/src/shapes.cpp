@@ -17,15 +17,17 @@ NamedShape parse_shape_spec(const std::string& text) {
                 fmt::format("--shape '{}' is not of the form rms:<dtype>:<M>x<N>[:w=<dtype>] (e.g. rms:bf16:8192x4096)", text));
   NamedShape s;
   s.name = text;
-  s.desc.x_dtype = s.desc.y_dtype = parse_dtype(m[1], "--shape dtype");
-  s.desc.weight_dtype = m[4].matched ? parse_dtype(m[4], "--shape weight dtype") : s.desc.x_dtype;
   try {
+    s.desc.x_dtype = s.desc.y_dtype = parse_dtype(m[1], "dtype");
+    s.desc.weight_dtype = m[4].matched ? parse_dtype(m[4], "weight dtype") : s.desc.x_dtype;
     s.desc.M = std::stoll(m[2]);
     s.desc.N = std::stoll(m[3]);
+    s.desc.validate();
+  } catch (const Error& e) {
+    throw Error(ErrorKind::InvalidArgument, fmt::format("--shape '{}': {}", text, e.message()));
   } catch (const std::exception&) {
     throw Error(ErrorKind::InvalidArgument, fmt::format("--shape '{}': M or N is out of range", text));
   }
-  s.desc.validate();
   return s;
 }
 
@@ -50,8 +52,12 @@ std::vector<NamedShape> shapes_from_model_config(const std::string& path, const 
   };
   const std::int64_t hidden = get_int("hidden_size");
   NormDesc base;
-  base.x_dtype = base.y_dtype = base.weight_dtype =
-      parse_dtype(j.value("torch_dtype", std::string("bfloat16")), "torch_dtype");
+  try {
+    base.x_dtype = base.y_dtype = base.weight_dtype =
+        parse_dtype(j.value("torch_dtype", std::string("bfloat16")), "torch_dtype");
+  } catch (const Error& e) {
+    throw Error(ErrorKind::InvalidArgument, fmt::format("--model '{}': {}", path, e.message()));
+  }
   base.eps = static_cast<float>(j.value("rms_norm_eps", 1e-6));
   static const std::set<std::string> qk_norm_models = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2"};
   const bool qk = qk_norm_models.count(j.value("model_type", std::string()));
@@ -76,7 +82,13 @@ std::vector<NamedShape> shapes_from_model_config(const std::string& path, const 
       out.push_back({fmt::format("k_norm[{}]", t), d});
     }
   }
-  for (auto& s : out) s.desc.validate();
+  for (auto& s : out) {
+    try {
+      s.desc.validate();
+    } catch (const Error& e) {
+      throw Error(ErrorKind::InvalidArgument, fmt::format("--model '{}' ({}): {}", path, s.name, e.message()));
+    }
+  }
   return out;
 }
 

@@ -92,7 +92,8 @@ std::string LaunchConfig::str() const {
 }
 
 LaunchConfig LaunchConfig::parse(const std::string& text) {
-  static const std::regex re(R"(v(\d+)\.t(\d+)\.r(\d+)(\.2p)?(?:\.p(\d+))?)");
+  // At most 4 digits a field: stoi cannot overflow, and every valid value fits.
+  static const std::regex re(R"(v(\d{1,4})\.t(\d{1,4})\.r(\d{1,4})(\.2p)?(?:\.p(\d{1,4}))?)");
   std::smatch m;
   if (!std::regex_match(text, m, re))
     throw bad(fmt::format("config = '{}' is not of the form v<vec>.t<threads>.r<rows>[.2p][.p<programs>]", text));
