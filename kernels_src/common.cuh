@@ -72,6 +72,22 @@ __device__ __forceinline__ void store_chunk(T* __restrict__ row, int col, const 
   }
 }
 
+// Asynchronous global -> shared copies (sm_80+): the data lands in shared
+// memory without passing through registers, so rows can be prefetched
+// several deep at a small register cost. BYTES is 4, 8 or 16.
+template <int BYTES> __device__ __forceinline__ void cp_async(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  if constexpr (BYTES == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(s), "l"(gmem), "n"(BYTES) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // Sum over the TPR threads of a row. TPR <= 32: butterfly shuffles inside the
 // aligned lane segment. TPR > 32: per-warp shuffles, then the row's warps'
 // sums through shared memory, added in a fixed order (deterministic).

@@ -7,8 +7,11 @@
 // normjit_dw_finalize (dweight_finalize.cuh) sums the partial rows in order.
 // A grid of one program writes dweight itself and needs no finalize.
 //
-// Spec (see rmsnorm_fwd.cuh) plus nothing else; x_t is also dx's dtype, y_t
-// dy's. TWO_PASS needs ROWS == 1.
+// Spec (see rmsnorm_fwd.cuh) plus STAGES; x_t is also dx's dtype, y_t dy's.
+// TWO_PASS needs ROWS == 1. STAGES > 0 streams rows through STAGES shared-
+// memory buffers with cp.async (dynamic shared memory of STAGES * ROWS * N *
+// (sizeof x_t + sizeof y_t) bytes; rows must split exactly into chunks);
+// STAGES == 0 double-buffers rows in registers.
 #pragma once
 #include "common.cuh"
 
@@ -84,12 +87,13 @@ __device__ __forceinline__ void bwd_row(const BwdRow<S>& R, const float (&wf)[Ro
 
 }  // namespace nj
 
-extern "C" __global__ void __launch_bounds__(Spec::TPR * Spec::ROWS)
-normjit_rms_bwd(const typename Spec::y_t* __restrict__ dy, const typename Spec::x_t* __restrict__ x,
-                const typename Spec::w_t* __restrict__ w, const float* __restrict__ rstd,
-                typename Spec::x_t* __restrict__ dx, float* __restrict__ partial, typename Spec::w_t* __restrict__ dw,
-                long long M, long long dy_stride, long long x_stride, long long dx_stride) {
-  using S = Spec;
+// A template, so that `if constexpr` discards the paths a Spec does not take.
+template <class S>
+__device__ __forceinline__ void rms_bwd(const typename S::y_t* __restrict__ dy, const typename S::x_t* __restrict__ x,
+                                        const typename S::w_t* __restrict__ w, const float* __restrict__ rstd,
+                                        typename S::x_t* __restrict__ dx, float* __restrict__ partial,
+                                        typename S::w_t* __restrict__ dw, long long M, long long dy_stride,
+                                        long long x_stride, long long dx_stride) {
   using x_t = typename S::x_t;
   using y_t = typename S::y_t;
   using w_t = typename S::w_t;
@@ -109,7 +113,85 @@ normjit_rms_bwd(const typename Spec::y_t* __restrict__ dy, const typename Spec::
     else prow[col] = v;
   };
 
-  if constexpr (!S::TWO_PASS) {
+  if constexpr (S::STAGES > 0) {
+    static_assert(L::EXACT && !S::TWO_PASS, "staged rows need whole chunks");
+    constexpr int XB = S::VEC * sizeof(x_t), YB = S::VEC * sizeof(y_t);
+    // Layout: [stage][row group][N] of x, then the same of dy. Each thread
+    // copies exactly the chunks it later reads, so cp.async.wait_group (no
+    // barrier) makes them visible to it.
+    extern __shared__ __align__(16) unsigned char stage_smem[];
+    x_t* xs = reinterpret_cast<x_t*>(stage_smem);
+    y_t* dys = reinterpret_cast<y_t*>(stage_smem + sizeof(x_t) * S::STAGES * S::ROWS * S::N);
+    auto issue = [&](long long base, int stage) {
+      const long long row = base + rg;
+      if (row < M) {
+        const x_t* xr = x + (index_t)row * (index_t)x_stride;
+        const y_t* dyr = dy + (index_t)row * (index_t)dy_stride;
+        const int off = (stage * S::ROWS + rg) * S::N;
+#pragma unroll
+        for (int i = 0; i < L::ITERS; ++i) {
+          const int col = (lane + i * S::TPR) * S::VEC;
+          nj::cp_async<XB>(xs + off + col, xr + col);
+          nj::cp_async<YB>(dys + off + col, dyr + col);
+        }
+      }
+      nj::cp_async_commit();  // an empty group past the end keeps the count uniform
+    };
+    float wf[L::ITERS][S::VEC], acc[L::ITERS][S::VEC];
+#pragma unroll
+    for (int i = 0; i < L::ITERS; ++i) {
+      const auto wv = nj::load_chunk<S::N, S::VEC>(w, (lane + i * S::TPR) * S::VEC, true);
+#pragma unroll
+      for (int k = 0; k < S::VEC; ++k) {
+        wf[i][k] = nj::to_float(wv.v[k]);
+        acc[i][k] = 0.f;
+      }
+    }
+    long long base = (long long)blockIdx.x * S::ROWS;
+#pragma unroll
+    for (int s = 0; s < S::STAGES - 1; ++s) issue(base + s * step, s);
+    float r_next = base + rg < M ? rstd[base + rg] : 0.f;
+    for (int k = 0; base < M; base += step, ++k) {
+      issue(base + (S::STAGES - 1) * step, (k + S::STAGES - 1) % S::STAGES);
+      const long long row = base + rg;
+      nj::BwdRow<S> cur;
+      cur.valid = row < M;
+      cur.r = r_next;
+      r_next = row + step < M ? rstd[row + step] : 0.f;  // one row ahead
+      nj::cp_async_wait<S::STAGES - 1>();  // this row's copies have landed
+      const int off = ((k % S::STAGES) * S::ROWS + rg) * S::N;
+#pragma unroll
+      for (int i = 0; i < L::ITERS; ++i) {
+        const int col = (lane + i * S::TPR) * S::VEC;
+        cur.x[i] = *reinterpret_cast<const nj::Vec<x_t, S::VEC>*>(xs + off + col);
+        cur.dy[i] = *reinterpret_cast<const nj::Vec<y_t, S::VEC>*>(dys + off + col);
+      }
+      nj::bwd_row<S>(cur, wf, acc, dx, row, dx_stride, lane, red);
+    }
+    nj::cp_async_wait<0>();
+    if constexpr (S::ROWS == 1) {
+#pragma unroll
+      for (int i = 0; i < L::ITERS; ++i)
+#pragma unroll
+        for (int k = 0; k < S::VEC; ++k) emit((lane + i * S::TPR) * S::VEC + k, acc[i][k]);
+    } else {
+      __syncthreads();  // every thread is done with the stages: reuse them for dw
+      float* dw_s = reinterpret_cast<float*>(stage_smem);
+      for (int g = 0; g < S::ROWS; ++g) {
+        if (rg == g) {
+#pragma unroll
+          for (int i = 0; i < L::ITERS; ++i)
+#pragma unroll
+            for (int k = 0; k < S::VEC; ++k) {
+              const int col = (lane + i * S::TPR) * S::VEC + k;
+              dw_s[col] = (g == 0 ? 0.f : dw_s[col]) + acc[i][k];
+            }
+        }
+        __syncthreads();
+      }
+      for (int j = threadIdx.x; j < S::N; j += S::TPR * S::ROWS) emit(j, dw_s[j]);
+    }
+  } else if constexpr (!S::TWO_PASS) {
     float wf[L::ITERS][S::VEC];   // weight, loaded once per program
     float acc[L::ITERS][S::VEC];  // this thread's share of dw
 #pragma unroll
@@ -216,4 +298,12 @@ normjit_rms_bwd(const typename Spec::y_t* __restrict__ dy, const typename Spec::
       for (int j = threadIdx.x; j < S::N; j += S::TPR) dw[j] = nj::from_float<w_t>(prow[j]);
     }
   }
+}
+
+extern "C" __global__ void __launch_bounds__(Spec::TPR * Spec::ROWS)
+normjit_rms_bwd(const typename Spec::y_t* __restrict__ dy, const typename Spec::x_t* __restrict__ x,
+                const typename Spec::w_t* __restrict__ w, const float* __restrict__ rstd,
+                typename Spec::x_t* __restrict__ dx, float* __restrict__ partial, typename Spec::w_t* __restrict__ dw,
+                long long M, long long dy_stride, long long x_stride, long long dx_stride) {
+  rms_bwd<Spec>(dy, x, w, rstd, dx, partial, dw, M, dy_stride, x_stride, dx_stride);
 }

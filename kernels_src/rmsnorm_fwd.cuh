@@ -10,11 +10,11 @@
 #pragma once
 #include "common.cuh"
 
-extern "C" __global__ void __launch_bounds__(Spec::TPR * Spec::ROWS)
-normjit_rms_fwd(const typename Spec::x_t* __restrict__ x, const typename Spec::w_t* __restrict__ w,
-                typename Spec::y_t* __restrict__ y, float* __restrict__ rstd_out, long long M,
-                long long x_stride, long long y_stride, float eps) {
-  using S = Spec;
+// A template, so that `if constexpr` discards the path a Spec does not take.
+template <class S>
+__device__ __forceinline__ void rms_fwd(const typename S::x_t* __restrict__ x, const typename S::w_t* __restrict__ w,
+                                        typename S::y_t* __restrict__ y, float* __restrict__ rstd_out, long long M,
+                                        long long x_stride, long long y_stride, float eps) {
   using x_t = typename S::x_t;
   using y_t = typename S::y_t;
   using w_t = typename S::w_t;
@@ -96,4 +96,11 @@ normjit_rms_fwd(const typename Spec::x_t* __restrict__ x, const typename Spec::w
       }
     }
   }
+}
+
+extern "C" __global__ void __launch_bounds__(Spec::TPR * Spec::ROWS)
+normjit_rms_fwd(const typename Spec::x_t* __restrict__ x, const typename Spec::w_t* __restrict__ w,
+                typename Spec::y_t* __restrict__ y, float* __restrict__ rstd_out, long long M,
+                long long x_stride, long long y_stride, float eps) {
+  rms_fwd<Spec>(x, w, y, rstd_out, M, x_stride, y_stride, eps);
 }

@@ -48,6 +48,14 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
   if (op == Op::RmsBackward && c.rows_per_pid > 1 && d.N * 4 > 32768) return no("dweight staging exceeds 32 KiB of shared memory");
   if (c.programs_per_sm < 0 || (op == Op::RmsForward && c.programs_per_sm != 0))
     return no("programs_per_sm is a backward launch parameter >= 0");
+  if (c.stages != 0) {
+    if (op != Op::RmsBackward || c.two_pass || c.stages < 2) return no("stages (>= 2) are for one-pass backward only");
+    if (d.N % (c.vec * c.threads_per_row)) return no("staged rows must split into whole chunks");
+    if (c.vec * std::min(dtype_size(d.x_dtype), dtype_size(d.y_dtype)) < 4) return no("cp.async moves 4 bytes or more");
+    if (static_cast<std::int64_t>(c.stages) * c.rows_per_pid * d.N * (dtype_size(d.x_dtype) + dtype_size(d.y_dtype)) >
+        kMaxStageBytes)
+      return no("stages exceed the shared-memory budget");
+  }
   return true;
 }
 
@@ -70,10 +78,12 @@ std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& d) {
           // Rows per program beyond what M needs only idle threads, but keep
           // the smallest block for each tpr.
           if (c.rows_per_pid > mb && threads > std::max(32, tpr)) continue;
-          for (int p : op == Op::RmsBackward ? std::vector<int>{0, 1, 2, 4} : std::vector<int>{0}) {
-            c.programs_per_sm = p;
-            if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
-          }
+          for (int st : op == Op::RmsBackward ? std::vector<int>{0, 2, 3} : std::vector<int>{0})
+            for (int p : op == Op::RmsBackward ? std::vector<int>{0, 1, 2, 4} : std::vector<int>{0}) {
+              c.stages = st;
+              c.programs_per_sm = p;
+              if (config_valid(op, d, c) && std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+            }
         }
       }
     }
@@ -105,7 +115,7 @@ LaunchConfig heuristic_config(Op op, const NormDesc& d) {
   return *best;
 }
 
-LaunchConfig fit_alignment(const LaunchConfig& cfg, const NormDesc&,
+LaunchConfig fit_alignment(const LaunchConfig& cfg, const NormDesc& d,
                            const std::vector<std::pair<const void*, DType>>& pointers,
                            const std::vector<std::int64_t>& strides) {
   LaunchConfig c = cfg;
@@ -117,11 +127,12 @@ LaunchConfig fit_alignment(const LaunchConfig& cfg, const NormDesc&,
     return true;
   };
   while (c.vec > 1 && !aligned(c.vec)) c.vec /= 2;
+  if (c.stages && !config_valid(Op::RmsBackward, d, c)) c.stages = 0;
   return c;
 }
 
 std::vector<int> simplicity_key(const LaunchConfig& c) {
-  return {c.two_pass ? 1 : 0, c.threads(), c.rows_per_pid, -c.vec, c.programs_per_sm};
+  return {c.two_pass ? 1 : 0, c.threads(), c.rows_per_pid, -c.vec, c.stages, c.programs_per_sm};
 }
 
 Geometry launch_geometry(Op op, const NormDesc& d, const LaunchConfig& c, int sm_count, int blocks_per_sm) {

@@ -14,6 +14,8 @@ namespace normjit::detail {
 /// dtype (forward: x; backward: fp32 weight + fp32 dw share).
 inline constexpr int kFwdCacheBytesPerThread = 128;
 inline constexpr int kBwdCachedElemsPerThread = 16;
+/// Shared memory the cp.async stages of one backward program may use.
+inline constexpr int kMaxStageBytes = 160 * 1024;
 
 /// The largest vec (elements) allowed for `desc`'s dtypes: 16-byte accesses.
 int max_vec(const NormDesc& desc);
@@ -23,7 +25,9 @@ int max_vec(const NormDesc& desc);
 /// needs; the row fits the per-thread register budget, else two-pass with one
 /// row per program; block sizes of 128..1024 (32 or 64 for a lone narrow row);
 /// no more rows per program than the M bucket needs; backward grids of 1, 2
-/// or 4 programs per SM or as many as fit. Sorted simplest first.
+/// or 4 programs per SM or as many as fit, and rows staged through 0, 2 or 3
+/// cp.async buffers where rows split into whole 4..16-byte chunks. Sorted
+/// simplest first.
 std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& desc);
 
 /// Is `cfg` valid for `op` on `desc` (would candidate_grid's rules allow it,
@@ -34,13 +38,14 @@ bool config_valid(Op op, const NormDesc& desc, const LaunchConfig& cfg, std::str
 LaunchConfig heuristic_config(Op op, const NormDesc& desc);
 
 /// Lowers cfg.vec until every pointer and row stride is aligned to a whole
-/// vector (the vectors are single 4/8/16-byte accesses); keeps the rest.
+/// vector (the vectors are single 4/8/16-byte accesses), and drops cp.async
+/// stages when a chunk becomes narrower than 4 bytes; keeps the rest.
 LaunchConfig fit_alignment(const LaunchConfig& cfg, const NormDesc& desc,
                            const std::vector<std::pair<const void*, DType>>& pointers,
                            const std::vector<std::int64_t>& strides);
 
 /// Rank for ties: a smaller key is simpler (one pass, fewer threads, fewer
-/// rows per program, wider vectors, the occupancy-sized grid).
+/// rows per program, wider vectors, register rows, the occupancy-sized grid).
 std::vector<int> simplicity_key(const LaunchConfig& cfg);
 
 struct Geometry {

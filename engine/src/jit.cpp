@@ -84,8 +84,11 @@ LoadedKernel::LoadedKernel(const KernelSpec& spec, const KernelBinary& bin) : sp
     local_bytes = attr(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES);
     static_smem = attr(CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES);
     max_threads = attr(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+    // Above 48 KiB a kernel must opt in to its dynamic shared memory.
+    if (spec.dynamic_smem() > 48 * 1024)
+      NJ_CU(cuFuncSetAttribute(fn_, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, spec.dynamic_smem()));
     if (max_threads >= spec.threads())
-      NJ_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, fn_, spec.threads(), 0));
+      NJ_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, fn_, spec.threads(), spec.dynamic_smem()));
   } catch (...) {
     cu().cuModuleUnload(mod_);
     throw;
@@ -98,7 +101,8 @@ LoadedKernel::~LoadedKernel() {
 
 void LoadedKernel::launch(unsigned grid, unsigned block, CUstream stream, void** args) const {
   if (grid == 0) return;
-  const CUresult r = cu().cuLaunchKernel(fn_, grid, 1, 1, block, 1, 1, 0, stream, args, nullptr);
+  const CUresult r =
+      cu().cuLaunchKernel(fn_, grid, 1, 1, block, 1, 1, spec_.dynamic_smem(), stream, args, nullptr);
   if (r != CUDA_SUCCESS)
     throw_driver_error(r, fmt::format("cuLaunchKernel({}, grid {}, block {})", spec_.name(), grid, block).c_str(),
                        __FILE__, __LINE__);

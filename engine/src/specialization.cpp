@@ -47,6 +47,7 @@ std::string KernelSpec::source() const {
   s += fmt::format("  static constexpr int N = {}, VEC = {}, TPR = {}, ROWS = {};\n", N, cfg.vec,
                    cfg.threads_per_row, cfg.rows_per_pid);
   s += fmt::format("  static constexpr bool TWO_PASS = {}, STORE_RSTD = {};\n", cfg.two_pass, store_rstd);
+  s += fmt::format("  static constexpr int STAGES = {};\n", cfg.stages);
   s += fmt::format("}};\n#include \"{}\"\n", template_file());
   return s;
 }

@@ -28,6 +28,12 @@ struct KernelSpec {
   std::string source() const;
   /// Readable unique name, e.g. "rms_fwd.N4096.bf16.bf16.bf16.v8.t512.r1.i32.rstd".
   std::string name() const;
+  /// Dynamic shared memory of a launch: the cp.async row stages.
+  int dynamic_smem() const {
+    return kind == KernelKind::RmsBackward
+               ? cfg.stages * cfg.rows_per_pid * N * (dtype_size(x) + dtype_size(y))
+               : 0;
+  }
   /// Block size the kernel is compiled for.
   int threads() const { return kind == KernelKind::DweightFinalize ? 1024 : cfg.threads(); }
 };

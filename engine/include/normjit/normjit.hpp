@@ -127,14 +127,18 @@ struct LaunchConfig {
   /// the persistent grid; 0 = as many as fit. Fewer programs mean a smaller
   /// dweight partial buffer; more mean more rows in flight.
   int programs_per_sm = 0;
+  /// Backward only: rows stream through this many shared-memory buffers
+  /// filled by cp.async (0 = rows double-buffered in registers).
+  int stages = 0;
 
   int threads() const { return threads_per_row * rows_per_pid; }
-  /// "v8.t512.r1", "v8.t1024.r1.2p", "v8.t256.r1.p2"; parse() reads the same form.
+  /// "v8.t512.r1", "v8.t1024.r1.2p", "v8.t256.r1.s2.p2"; parse() reads the same form.
   std::string str() const;
   static LaunchConfig parse(const std::string& text);
   bool operator==(const LaunchConfig& o) const {
     return vec == o.vec && threads_per_row == o.threads_per_row &&
-           rows_per_pid == o.rows_per_pid && two_pass == o.two_pass && programs_per_sm == o.programs_per_sm;
+           rows_per_pid == o.rows_per_pid && two_pass == o.two_pass && programs_per_sm == o.programs_per_sm &&
+           stages == o.stages;
   }
   bool operator!=(const LaunchConfig& o) const { return !(*this == o); }
 };
