@@ -17,6 +17,7 @@
 #include "config_grid.hpp"
 #include "driver.hpp"
 #include "normjit/version.hpp"
+#include "test_util.hpp"
 
 using namespace normjit;
 using namespace normjit::detail;
@@ -24,12 +25,6 @@ namespace fs = std::filesystem;
 
 // Shared test helpers, defined in test_descriptors.cpp (the test files have no
 // header of their own).
-namespace normjit_test {
-std::shared_ptr<const fs::path> make_temp_dir(const std::string& tag);
-void write_text_file(const fs::path& path, const std::string& text);
-bool contains(const std::string& text, const std::string& part);
-NormDesc make_desc(std::int64_t M, std::int64_t N, DType xy = DType::BF16, DType w = DType::BF16);
-}  // namespace normjit_test
 
 using normjit_test::contains;
 using normjit_test::make_desc;
@@ -204,4 +199,28 @@ TEST_CASE("cli: tune and bench without a GPU exit 3 and say why") {
   check_fails(cli, "bench --shape rms:bf16:8x4096 --op fwd", 3, {"benchmarking needs an NVIDIA GPU", why.c_str()});
   // Shapes are checked first: a bad one is still a bad command line.
   check_fails(cli, "tune --shape rms:bf16:8x0", 2, {"N = 0"});
+}
+
+TEST_CASE("cli: the binary needs only libc, libm and libdl at load time (no libcuda, no libnvrtc)") {
+  // readelf lists the DT_NEEDED entries: what the loader must find before main.
+  FILE* pipe = ::popen(fmt::format("readelf -d '{}' 2>&1", NORMJIT_CLI_PATH).c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::string out;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
+  REQUIRE(::pclose(pipe) == 0);
+  CAPTURE(out);
+  int needed = 0;
+  for (std::size_t at = 0; (at = out.find("(NEEDED)", at)) != std::string::npos; ++at) {
+    const auto open = out.find('[', at), close = out.find(']', open);
+    const std::string lib = out.substr(open + 1, close - open - 1);
+    ++needed;
+    CHECK_MESSAGE((lib.rfind("libc.so", 0) == 0 || lib.rfind("libm.so", 0) == 0 || lib.rfind("libdl.so", 0) == 0 ||
+                   lib.rfind("libpthread.so", 0) == 0 || lib.rfind("libstdc++.so", 0) == 0 ||
+                   lib.rfind("libgcc_s.so", 0) == 0 || lib.rfind("ld-linux", 0) == 0),
+                  "unexpected load-time dependency " << lib);
+    CHECK_MESSAGE(lib.find("cuda") == std::string::npos, lib);
+    CHECK_MESSAGE(lib.find("nvrtc") == std::string::npos, lib);
+  }
+  CHECK(needed >= 1);
 }

@@ -9,14 +9,12 @@
 
 #include "config_grid.hpp"
 #include "tuned_cache.hpp"
+#include "test_util.hpp"
 
 using namespace normjit;
 using namespace normjit::detail;
 
 // Defined in test_descriptors.cpp: x and y of dtype `xy`, weight of `w`.
-namespace normjit_test {
-NormDesc make_desc(std::int64_t M, std::int64_t N, DType xy = DType::BF16, DType w = DType::BF16);
-}  // namespace normjit_test
 using normjit_test::make_desc;
 
 namespace {

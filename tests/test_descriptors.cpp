@@ -18,50 +18,13 @@
 #include <fmt/format.h>
 
 #include "host_dtype.hpp"
+#include "test_util.hpp"
 #include "shapes.hpp"
 
 using namespace normjit;
 using namespace normjit::detail;
 namespace fs = std::filesystem;
 
-// Helpers shared by the test files, which have no header of their own: each
-// file that uses them declares them again.
-namespace normjit_test {
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-/// x and y of dtype `xy`, weight of `w`, contiguous.
-NormDesc make_desc(std::int64_t M, std::int64_t N, DType xy = DType::BF16, DType w = DType::BF16) {
-  NormDesc d;
-  d.M = M;
-  d.N = N;
-  d.x_dtype = d.y_dtype = xy;
-  d.weight_dtype = w;
-  return d;
-}
-
-/// A fresh empty directory; removed with its contents when the last copy of
-/// the pointer goes.
-std::shared_ptr<const fs::path> make_temp_dir(const std::string& tag) {
-  static std::atomic<int> counter{0};
-  auto* dir = new fs::path(fs::temp_directory_path() / fmt::format("normjit-{}-{}-{}", tag, ::getpid(), counter++));
-  fs::remove_all(*dir);
-  fs::create_directories(*dir);
-  return std::shared_ptr<const fs::path>(dir, [](const fs::path* p) {
-    std::error_code ec;
-    fs::remove_all(*p, ec);
-    delete p;
-  });
-}
-
-/// Writes `text` to `path`, replacing the file.
-void write_text_file(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  REQUIRE(out.good());
-}
-
-}  // namespace normjit_test
 
 using normjit_test::contains;
 using normjit_test::make_desc;

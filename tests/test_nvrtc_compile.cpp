@@ -21,6 +21,7 @@
 #include "jit.hpp"
 #include "nvrtc.hpp"
 #include "specialization.hpp"
+#include "test_util.hpp"
 
 using namespace normjit;
 using namespace normjit::detail;
@@ -28,12 +29,6 @@ namespace fs = std::filesystem;
 
 // Shared test helpers, defined in test_descriptors.cpp (the test files have no
 // header of their own).
-namespace normjit_test {
-std::shared_ptr<const fs::path> make_temp_dir(const std::string& tag);
-void write_text_file(const fs::path& path, const std::string& text);
-bool contains(const std::string& text, const std::string& part);
-NormDesc make_desc(std::int64_t M, std::int64_t N, DType xy = DType::BF16, DType w = DType::BF16);
-}  // namespace normjit_test
 
 using normjit_test::contains;
 using normjit_test::make_desc;
