@@ -119,6 +119,16 @@ struct Engine::Impl {
     return r;
   }
 
+  /// What a call needs to launch: the resolved config and the device's facts.
+  struct Launch {
+    LaunchConfig cfg;
+    std::string arch;
+    int sm_count = 0;
+  };
+  Launch prepare(Op op, const NormDesc& d);
+  /// Rethrows `e` (being handled) with op, shape and config attached.
+  [[noreturn]] static void attach_context(const Error& e, Op op, const NormDesc& d, const LaunchConfig& cfg);
+
   // Caller holds mu. Memory, then caches (unless policy Always), then tuning
   // (policy permitting), then the heuristic.
   LaunchConfig resolve(DeviceState& st, Op op, const NormDesc& d, ConfigSource* src) {
@@ -166,50 +176,50 @@ TuneResult Engine::tune(Op op, const NormDesc& d) {
   return impl_->tune_and_store(impl_->state(), op, d);
 }
 
+namespace {
+// A null device pointer is bad input: name it before anything runs.
+void require_all(Op op, const NormDesc& d, std::initializer_list<std::pair<const void*, const char*>> ptrs) {
+  for (auto [p, name] : ptrs) require(p, name, op, d);
+}
+}  // namespace
+
+Engine::Impl::Launch Engine::Impl::prepare(Op op, const NormDesc& d) {
+  std::lock_guard<std::mutex> lk(mu);
+  auto& st = state();
+  return {resolve(st, op, d, nullptr), st.info.arch(), st.info.sm_count};
+}
+
+void Engine::Impl::attach_context(const Error& e, Op op, const NormDesc& d, const LaunchConfig& cfg) {
+  if (dynamic_cast<const CompileError*>(&e) || !e.op().empty()) throw;
+  throw Error(e.kind(), e.message(), op_name(op), d.str(), cfg.str(), e.where());
+}
+
 void Engine::rms_norm_forward(const NormDesc& d, const void* x, const void* weight, void* y, float* rstd,
                               CUstream stream) {
   constexpr Op op = Op::RmsForward;
   d.validate();
   if (d.M == 0) return;
-  require(x, "x", op, d);
-  require(weight, "weight", op, d);
-  require(y, "y", op, d);
+  require_all(op, d, {{x, "x"}, {weight, "weight"}, {y, "y"}});
   if (d.store_rstd) require(rstd, "rstd", op, d);
-  LaunchConfig cfg;
-  std::shared_ptr<const LoadedKernel> k;
-  int sms = 0;
+  Impl::Launch l;
   try {
-    std::string arch;
-    {
-      std::lock_guard<std::mutex> lk(impl_->mu);
-      auto& st = impl_->state();
-      cfg = impl_->resolve(st, op, d, nullptr);
-      arch = st.info.arch();
-      sms = st.info.sm_count;
-    }
-    cfg = fit_alignment(cfg, d, {{x, d.x_dtype}, {weight, d.weight_dtype}, {y, d.y_dtype}}, {d.x_ld(), d.y_ld()});
-    k = impl_->jit.get(make_spec(op, d, cfg), arch);
-    launch_forward(*k, d,
-                   {reinterpret_cast<CUdeviceptr>(x), reinterpret_cast<CUdeviceptr>(weight),
-                    reinterpret_cast<CUdeviceptr>(y), reinterpret_cast<CUdeviceptr>(d.store_rstd ? rstd : nullptr)},
-                   sms, stream);
-  } catch (const CompileError&) {
-    throw;
+    l = impl_->prepare(op, d);
+    l.cfg = fit_alignment(l.cfg, d, {{x, d.x_dtype}, {weight, d.weight_dtype}, {y, d.y_dtype}}, {d.x_ld(), d.y_ld()});
+    auto k = impl_->jit.get(make_spec(op, d, l.cfg), l.arch);
+    auto p = [](const void* v) { return reinterpret_cast<CUdeviceptr>(v); };
+    launch_forward(*k, d, {p(x), p(weight), p(y), p(d.store_rstd ? rstd : nullptr)}, l.sm_count, stream);
   } catch (const Error& e) {
-    if (!e.op().empty()) throw;
-    throw Error(e.kind(), e.message(), op_name(op), d.str(), cfg.str(), e.where());
+    impl_->attach_context(e, op, d, l.cfg);
   }
 }
 
 std::size_t Engine::rms_norm_backward_workspace_size(const NormDesc& d) {
   d.validate();
   if (d.M == 0) return 0;
-  std::lock_guard<std::mutex> lk(impl_->mu);
-  auto& st = impl_->state();
   // The workspace is one partial row per program of the persistent grid.
-  const LaunchConfig cfg = impl_->resolve(st, Op::RmsBackward, d, nullptr);
-  auto k = impl_->jit.get(make_spec(Op::RmsBackward, d, cfg), st.info.arch());
-  return backward_workspace_bytes(backward_geometry(*k, d, cfg, st.info.sm_count), d);
+  const Impl::Launch l = impl_->prepare(Op::RmsBackward, d);
+  auto k = impl_->jit.get(make_spec(Op::RmsBackward, d, l.cfg), l.arch);
+  return backward_workspace_bytes(backward_geometry(*k, d, l.cfg, l.sm_count), d);
 }
 
 void Engine::rms_norm_backward(const NormDesc& d, const void* dy, const void* x, const void* weight,
@@ -218,31 +228,18 @@ void Engine::rms_norm_backward(const NormDesc& d, const void* dy, const void* x,
   constexpr Op op = Op::RmsBackward;
   d.validate();
   if (d.M == 0) return;
-  require(dy, "dy", op, d);
-  require(x, "x", op, d);
-  require(weight, "weight", op, d);
-  require(rstd, "rstd", op, d);
-  require(dx, "dx", op, d);
-  require(dweight, "dweight", op, d);
-  require(workspace, "workspace", op, d);
-  LaunchConfig cfg;
+  require_all(op, d, {{dy, "dy"}, {x, "x"}, {weight, "weight"}, {rstd, "rstd"}, {dx, "dx"}, {dweight, "dweight"},
+                      {workspace, "workspace"}});
+  Impl::Launch l;
   try {
-    std::string arch;
-    int sms = 0;
-    {
-      std::lock_guard<std::mutex> lk(impl_->mu);
-      auto& st = impl_->state();
-      cfg = impl_->resolve(st, op, d, nullptr);
-      arch = st.info.arch();
-      sms = st.info.sm_count;
-    }
+    l = impl_->prepare(op, d);
     // The grid comes from the resolved config, the kernel from the one that
     // fits the pointers' alignment.
-    const Geometry g = backward_geometry(*impl_->jit.get(make_spec(op, d, cfg), arch), d, cfg, sms);
-    cfg = fit_alignment(cfg, d, {{dy, d.y_dtype}, {x, d.x_dtype}, {weight, d.weight_dtype}, {dx, d.x_dtype}},
-                        {d.dy_ld(), d.x_ld(), d.dx_ld()});
-    auto k = impl_->jit.get(make_spec(op, d, cfg), arch);
-    auto fin = impl_->jit.get(finalize_spec(d), arch);
+    const Geometry g = backward_geometry(*impl_->jit.get(make_spec(op, d, l.cfg), l.arch), d, l.cfg, l.sm_count);
+    l.cfg = fit_alignment(l.cfg, d, {{dy, d.y_dtype}, {x, d.x_dtype}, {weight, d.weight_dtype}, {dx, d.x_dtype}},
+                          {d.dy_ld(), d.x_ld(), d.dx_ld()});
+    auto k = impl_->jit.get(make_spec(op, d, l.cfg), l.arch);
+    auto fin = impl_->jit.get(finalize_spec(d), l.arch);
     const std::size_t need = backward_workspace_bytes(g, d);
     if (workspace_bytes < need)
       throw Error(ErrorKind::InvalidArgument,
@@ -250,11 +247,8 @@ void Engine::rms_norm_backward(const NormDesc& d, const void* dy, const void* x,
                               workspace_bytes, need));
     auto p = [](const void* v) { return reinterpret_cast<CUdeviceptr>(v); };
     launch_backward(*k, *fin, d, {p(dy), p(x), p(weight), p(rstd), p(dx), p(dweight), p(workspace)}, g, stream);
-  } catch (const CompileError&) {
-    throw;
   } catch (const Error& e) {
-    if (!e.op().empty()) throw;
-    throw Error(e.kind(), e.message(), op_name(op), d.str(), cfg.str(), e.where());
+    impl_->attach_context(e, op, d, l.cfg);
   }
 }
 
