@@ -218,11 +218,14 @@ TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCa
     }
     return o;
   };
-  const auto ref_it = std::find(grid.begin(), grid.end(), ref_cfg);
-  const int ref_i = static_cast<int>(ref_it - grid.begin());
-  if (!kernels[ref_i])
-    throw Error(ErrorKind::Tuning, "the reference (heuristic) config cannot run: " + res.candidates[ref_i].rejected,
-                op_name(op), desc.str(), ref_cfg.str());
+  // The reference is the heuristic config, or, when the compiler rejected it
+  // (spills, say), the simplest candidate that survived.
+  int ref_i = static_cast<int>(std::find(grid.begin(), grid.end(), ref_cfg) - grid.begin());
+  if (ref_i == total || !kernels[ref_i])
+    ref_i = static_cast<int>(std::find_if(kernels.begin(), kernels.end(), [](const auto& k) { return k != nullptr; }) -
+                             kernels.begin());
+  if (ref_i == total)
+    throw Error(ErrorKind::Tuning, "no candidate compiled and fits the device", op_name(op), desc.str());
   const auto ref = outputs(ref_i);
 
   // 4. Check, then time, every survivor.

@@ -35,7 +35,8 @@ using ProgressFn = std::function<void(int, int, const std::string&)>;
 
 /// Tunes `op` on `desc`: compiles the grid in parallel, drops candidates that
 /// fail to compile, would spill or cannot launch, checks each survivor's
-/// outputs against the heuristic config's, times the rest (median_us) and
+/// outputs against the heuristic config's (the simplest survivor's when the
+/// heuristic config itself was rejected), times the rest (median_us) and
 /// picks the fastest; a candidate within 2% of the fastest that is simpler
 /// (simplicity_key) wins instead, so repeated tuning gives the same answer.
 TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCache& jit,

@@ -37,8 +37,10 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
   const std::int64_t chunks = ceil_div(d.N, c.vec);
   if (c.threads_per_row > next_pow2(chunks)) return no(fmt::format("{} threads per row for {} chunks", c.threads_per_row, chunks));
   const std::int64_t per_thread = ceil_div(chunks, c.threads_per_row) * c.vec;
-  const bool fits = op == Op::RmsForward ? per_thread * dtype_size(d.x_dtype) <= kFwdCacheBytesPerThread
-                                         : per_thread <= kBwdCachedElemsPerThread;
+  const int full_block = threads == 1024 ? 2 : 1;  // halves the budget
+  const bool fits = op == Op::RmsForward
+                        ? per_thread * dtype_size(d.x_dtype) * full_block <= kFwdCacheBytesPerThread
+                        : per_thread * full_block <= kBwdCachedElemsPerThread;
   if (c.two_pass) {
     if (fits) return no("two-pass is only for rows that do not fit in registers");
     if (c.rows_per_pid != 1) return no("two-pass handles one row per program");

@@ -11,7 +11,8 @@
 namespace normjit::detail {
 
 /// Per-thread register budget for caching a row, in bytes of the row's
-/// dtype (forward: x; backward: fp32 weight + fp32 dw share).
+/// dtype (forward: x; backward: fp32 weight + fp32 dw share). A block of
+/// 1024 threads gets half: it may use 64 registers a thread at most.
 inline constexpr int kFwdCacheBytesPerThread = 128;
 inline constexpr int kBwdCachedElemsPerThread = 16;
 /// Shared memory the cp.async stages of one backward program may use.
