@@ -144,3 +144,54 @@ TEST_CASE("tuning stores a winner that later engines find; policies behave") {
   CHECK(timed > 0);
   fs::remove_all(dir);
 }
+
+TEST_CASE("one engine used from several threads at once gives correct results") {
+  // Each thread has its own shape (so its own kernels, compiled concurrently)
+  // and its own stream-0 work; results are checked afterwards.
+  EngineOptions o;
+  o.cache_dir = temp_dir("threads");
+  Engine e(o);
+  const std::int64_t Ns[] = {96, 1000, 4096, 5120, 128, 3000};
+  struct Job {
+    NormDesc d;
+    std::unique_ptr<Tensor> x, w, y, rstd;
+    std::vector<double> y_ref, rstd_ref;
+  };
+  std::vector<Job> jobs(std::size(Ns));
+  Random rng(fresh_seed());
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    Job& j = jobs[i];
+    j.d = desc_of(333, Ns[i], i % 2 ? DType::F16 : DType::BF16, DType::F32);
+    j.x = std::make_unique<Tensor>(j.d.x_dtype, j.d.M, j.d.N, j.d.N);
+    j.w = std::make_unique<Tensor>(j.d.weight_dtype, 1, j.d.N, j.d.N);
+    j.y = std::make_unique<Tensor>(j.d.y_dtype, j.d.M, j.d.N, j.d.N);
+    j.rstd = std::make_unique<Tensor>(DType::F32, 1, j.d.M, j.d.M);
+    j.x->fill_random(rng, -3.f, 3.f);
+    j.w->fill_random(rng, -2.f, 2.f);
+    j.y->poison();
+    rms_forward_reference(j.d, j.x->host.data(), j.w->host.data(), &j.y_ref, &j.rstd_ref);
+  }
+  CUcontext ctx = nullptr;
+  NJ_CU(cuCtxGetCurrent(&ctx));
+  std::vector<std::string> errors(jobs.size());
+  normjit::detail::parallel_for(static_cast<int>(jobs.size()), [&](int i) {
+    try {
+      NJ_CU(cuCtxSetCurrent(ctx));  // a new thread has no current context
+      Job& j = jobs[i];
+      for (int rep = 0; rep < 3; ++rep)
+        e.rms_norm_forward(j.d, j.x->ptr(), j.w->ptr(), j.y->ptr(), static_cast<float*>(j.rstd->ptr()), nullptr);
+    } catch (const std::exception& ex) {
+      errors[i] = ex.what();
+    }
+  });
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    Job& j = jobs[i];
+    CAPTURE(j.d.str());
+    CHECK(errors[i].empty());
+    j.y->download();
+    j.rstd->download();
+    CHECK(relative_error(j.y->values(), j.y_ref) <= tolerance(j.d.y_dtype));
+    CHECK(relative_error(j.rstd->values(), j.rstd_ref) <= 1e-5);
+  }
+  fs::remove_all(o.cache_dir);
+}

@@ -52,7 +52,13 @@ void require(bool ok, const char* what, Op op, const NormDesc& d) {
 
 EngineOptions EngineOptions::from_env() {
   EngineOptions o;
-  if (auto t = env("NORMJIT_TUNE"); !t.empty()) o.tune_policy = parse_tune_policy(t);
+  if (auto t = env("NORMJIT_TUNE"); !t.empty()) {
+    try {
+      o.tune_policy = parse_tune_policy(t);
+    } catch (const Error&) {
+      throw Error(ErrorKind::InvalidArgument, fmt::format("NORMJIT_TUNE = '{}' is not one of never, first, always", t));
+    }
+  }
   o.cache_dir = env("NORMJIT_CACHE_DIR");
   std::string path = env("NORMJIT_SHIPPED_CACHE_PATH");
   for (std::size_t a = 0; !path.empty() && a <= path.size();) {
