@@ -23,13 +23,7 @@ using namespace normjit;
 using namespace normjit::detail;
 namespace fs = std::filesystem;
 
-// Shared test helpers, defined in test_descriptors.cpp (the test files have no
-// header of their own).
-
-using normjit_test::contains;
-using normjit_test::make_desc;
-using normjit_test::make_temp_dir;
-using normjit_test::write_text_file;
+using namespace normjit_test;  // shared helpers (test_util.hpp)
 
 namespace {
 

@@ -15,7 +15,7 @@ using namespace normjit;
 using namespace normjit::detail;
 
 // Defined in test_descriptors.cpp: x and y of dtype `xy`, weight of `w`.
-using normjit_test::make_desc;
+using namespace normjit_test;  // shared helpers (test_util.hpp)
 
 namespace {
 
