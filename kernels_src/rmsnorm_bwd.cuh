@@ -7,7 +7,10 @@
 // normjit_dw_finalize (dweight_finalize.cuh) sums the partial rows in order.
 // A grid of one program writes dweight itself and needs no finalize.
 //
-// Spec (see rmsnorm_fwd.cuh) plus STAGES; x_t is also dx's dtype, y_t dy's.
+// Spec (see rmsnorm_fwd.cuh) plus STAGES and DW_SMEM; x_t is also dx's
+// dtype, y_t dy's. DW_SMEM keeps weight and dw sums in N * (4 + sizeof w_t)
+// bytes of dynamic shared memory after the stages instead of registers (rows
+// too long for those; STAGES > 0, ROWS == 1).
 // TWO_PASS needs ROWS == 1. STAGES > 0 streams rows through STAGES shared-
 // memory buffers with cp.async (dynamic shared memory of STAGES * ROWS * N *
 // (sizeof x_t + sizeof y_t) bytes; rows must split exactly into chunks);
@@ -50,20 +53,71 @@ template <class S> struct BwdRow {
   }
 };
 
-// dx of one row, and its share of dw added to acc. Called by every thread of
-// the block (row_sum may hold a barrier).
-template <class S>
-__device__ __forceinline__ void bwd_row(const BwdRow<S>& R, const float (&wf)[RowLayout<S::N, S::VEC, S::TPR>::ITERS][S::VEC],
-                                        float (&acc)[RowLayout<S::N, S::VEC, S::TPR>::ITERS][S::VEC],
-                                        typename S::x_t* __restrict__ dx, long long row, long long dx_stride, int lane,
+// A thread's weight values and dw sums for its chunks. In registers (the
+// usual case), or, for rows too long for that (DW_SMEM), in shared memory
+// after the row stages: N fp32 dw sums, then the N weights as w_t; one row
+// per program then.
+template <class S, bool IN_SMEM = S::DW_SMEM> struct DwShare {
+  using L = RowLayout<S::N, S::VEC, S::TPR>;
+  float wf[L::ITERS][S::VEC], acc[L::ITERS][S::VEC];
+  __device__ __forceinline__ void init(const typename S::w_t* __restrict__ w, int lane, float*) {
+#pragma unroll
+    for (int i = 0; i < L::ITERS; ++i) {
+      const int col = (lane + i * S::TPR) * S::VEC;
+      Vec<typename S::w_t, S::VEC> wv;
+      if (L::EXACT || col < S::N) {
+        wv = load_chunk<S::N, S::VEC>(w, col, L::EXACT);
+      } else {
+#pragma unroll
+        for (int k = 0; k < S::VEC; ++k) wv.v[k] = from_float<typename S::w_t>(0.f);
+      }
+#pragma unroll
+      for (int k = 0; k < S::VEC; ++k) {
+        wf[i][k] = to_float(wv.v[k]);
+        acc[i][k] = 0.f;
+      }
+    }
+  }
+  __device__ __forceinline__ float weight(int i, int k, int) const { return wf[i][k]; }
+  __device__ __forceinline__ void add(int i, int k, int, float v) { acc[i][k] += v; }
+  __device__ __forceinline__ float total(int i, int k, int) const { return acc[i][k]; }
+};
+
+template <class S> struct DwShare<S, true> {
+  float* s;                 // dw sums
+  typename S::w_t* ws;      // weight
+  __device__ __forceinline__ void init(const typename S::w_t* __restrict__ w, int, float* smem) {
+    s = smem;
+    ws = reinterpret_cast<typename S::w_t*>(smem + S::N);
+    for (int j = threadIdx.x; j < S::N; j += S::TPR * S::ROWS) {
+      s[j] = 0.f;
+      ws[j] = w[j];
+    }
+    __syncthreads();  // the weight is read by other threads than its loader
+  }
+  __device__ __forceinline__ float weight(int, int, int col) const { return to_float(ws[col]); }
+  // Each column belongs to one thread: no barrier between adds.
+  __device__ __forceinline__ void add(int, int, int col, float v) { s[col] += v; }
+  __device__ __forceinline__ float total(int, int, int col) const { return s[col]; }
+};
+
+// dx of one row, and its share of dw added to `share`. Called by every thread
+// of the block (row_sum may hold a barrier).
+template <class S, class Share>
+__device__ __forceinline__ void bwd_row(const BwdRow<S>& R, Share& share, typename S::x_t* __restrict__ dx,
+                                        long long row, long long dx_stride, int lane,
                                         float (*red)[S::TPR > 32 ? S::TPR / 32 : 1]) {
   using L = RowLayout<S::N, S::VEC, S::TPR>;
   using index_t = typename S::index_t;
   float dot = 0.f;
 #pragma unroll
-  for (int i = 0; i < L::ITERS; ++i)
+  for (int i = 0; i < L::ITERS; ++i) {
+    const int col = (lane + i * S::TPR) * S::VEC;
 #pragma unroll
-    for (int k = 0; k < S::VEC; ++k) dot += to_float(R.dy[i].v[k]) * wf[i][k] * to_float(R.x[i].v[k]);
+    for (int k = 0; k < S::VEC; ++k)
+      if (L::EXACT || col + k < S::N)
+        dot += to_float(R.dy[i].v[k]) * share.weight(i, k, col + k) * to_float(R.x[i].v[k]);
+  }
   // mean(g * xhat) = rstd * mean(dy * w * x)
   const float c = row_sum<S::TPR, S::ROWS>(dot, red) * R.r * (1.0f / S::N);
   if (!R.valid) return;
@@ -77,8 +131,10 @@ __device__ __forceinline__ void bwd_row(const BwdRow<S>& R, const float (&wf)[Ro
       for (int k = 0; k < S::VEC; ++k) {
         const float xh = to_float(R.x[i].v[k]) * R.r;
         const float d = to_float(R.dy[i].v[k]);
-        dxv.v[k] = from_float<typename S::x_t>(R.r * (d * wf[i][k] - xh * c));
-        acc[i][k] += d * xh;
+        if (L::EXACT || col + k < S::N) {
+          dxv.v[k] = from_float<typename S::x_t>(R.r * (d * share.weight(i, k, col + k) - xh * c));
+          share.add(i, k, col + k, d * xh);
+        }
       }
       store_chunk<S::N, S::VEC>(dxr, col, dxv, L::EXACT);
     }
@@ -137,16 +193,9 @@ __device__ __forceinline__ void rms_bwd(const typename S::y_t* __restrict__ dy, 
       }
       nj::cp_async_commit();  // an empty group past the end keeps the count uniform
     };
-    float wf[L::ITERS][S::VEC], acc[L::ITERS][S::VEC];
-#pragma unroll
-    for (int i = 0; i < L::ITERS; ++i) {
-      const auto wv = nj::load_chunk<S::N, S::VEC>(w, (lane + i * S::TPR) * S::VEC, true);
-#pragma unroll
-      for (int k = 0; k < S::VEC; ++k) {
-        wf[i][k] = nj::to_float(wv.v[k]);
-        acc[i][k] = 0.f;
-      }
-    }
+    static_assert(!S::DW_SMEM || S::ROWS == 1, "dw in shared memory is per program: one row per program");
+    nj::DwShare<S> share;
+    share.init(w, lane, reinterpret_cast<float*>(dys + S::STAGES * S::ROWS * S::N));
     long long base = (long long)blockIdx.x * S::ROWS;
 #pragma unroll
     for (int s = 0; s < S::STAGES - 1; ++s) issue(base + s * step, s);
@@ -166,14 +215,17 @@ __device__ __forceinline__ void rms_bwd(const typename S::y_t* __restrict__ dy, 
         cur.x[i] = *reinterpret_cast<const nj::Vec<x_t, S::VEC>*>(xs + off + col);
         cur.dy[i] = *reinterpret_cast<const nj::Vec<y_t, S::VEC>*>(dys + off + col);
       }
-      nj::bwd_row<S>(cur, wf, acc, dx, row, dx_stride, lane, red);
+      nj::bwd_row<S>(cur, share, dx, row, dx_stride, lane, red);
     }
     nj::cp_async_wait<0>();
     if constexpr (S::ROWS == 1) {
 #pragma unroll
       for (int i = 0; i < L::ITERS; ++i)
 #pragma unroll
-        for (int k = 0; k < S::VEC; ++k) emit((lane + i * S::TPR) * S::VEC + k, acc[i][k]);
+        for (int k = 0; k < S::VEC; ++k) {
+          const int col = (lane + i * S::TPR) * S::VEC + k;
+          emit(col, share.total(i, k, col));
+        }
     } else {
       __syncthreads();  // every thread is done with the stages: reuse them for dw
       float* dw_s = reinterpret_cast<float*>(stage_smem);
@@ -184,7 +236,7 @@ __device__ __forceinline__ void rms_bwd(const typename S::y_t* __restrict__ dy, 
 #pragma unroll
             for (int k = 0; k < S::VEC; ++k) {
               const int col = (lane + i * S::TPR) * S::VEC + k;
-              dw_s[col] = (g == 0 ? 0.f : dw_s[col]) + acc[i][k];
+              dw_s[col] = (g == 0 ? 0.f : dw_s[col]) + share.total(i, k, col);
             }
         }
         __syncthreads();
@@ -192,24 +244,9 @@ __device__ __forceinline__ void rms_bwd(const typename S::y_t* __restrict__ dy, 
       for (int j = threadIdx.x; j < S::N; j += S::TPR * S::ROWS) emit(j, dw_s[j]);
     }
   } else if constexpr (!S::TWO_PASS) {
-    float wf[L::ITERS][S::VEC];   // weight, loaded once per program
-    float acc[L::ITERS][S::VEC];  // this thread's share of dw
-#pragma unroll
-    for (int i = 0; i < L::ITERS; ++i) {
-      const int col = (lane + i * S::TPR) * S::VEC;
-      nj::Vec<w_t, S::VEC> wv;
-      if (L::EXACT || col < S::N) {
-        wv = nj::load_chunk<S::N, S::VEC>(w, col, L::EXACT);
-      } else {
-#pragma unroll
-        for (int k = 0; k < S::VEC; ++k) wv.v[k] = nj::from_float<w_t>(0.f);
-      }
-#pragma unroll
-      for (int k = 0; k < S::VEC; ++k) {
-        wf[i][k] = nj::to_float(wv.v[k]);
-        acc[i][k] = 0.f;
-      }
-    }
+    static_assert(!S::DW_SMEM, "rows in registers keep dw in registers");
+    nj::DwShare<S> share;
+    share.init(w, lane, nullptr);
     // Two row buffers: the next row's loads are in flight while this row is
     // reduced and written, so one program keeps two rows of memory traffic
     // going and the grid (and so the partial buffer) can stay small. The
@@ -220,11 +257,11 @@ __device__ __forceinline__ void rms_bwd(const typename S::y_t* __restrict__ dy, 
     while (base < M) {
       const long long next = base + step;
       b.load(x, dy, rstd, next + rg, M, lane, x_stride, dy_stride);
-      nj::bwd_row<S>(a, wf, acc, dx, base + rg, dx_stride, lane, red);
+      nj::bwd_row<S>(a, share, dx, base + rg, dx_stride, lane, red);
       if (next >= M) break;
       base = next + step;
       a.load(x, dy, rstd, base + rg, M, lane, x_stride, dy_stride);
-      nj::bwd_row<S>(b, wf, acc, dx, next + rg, dx_stride, lane, red);
+      nj::bwd_row<S>(b, share, dx, next + rg, dx_stride, lane, red);
     }
     if constexpr (S::ROWS == 1) {
 #pragma unroll
@@ -232,7 +269,7 @@ __device__ __forceinline__ void rms_bwd(const typename S::y_t* __restrict__ dy, 
         const int col = (lane + i * S::TPR) * S::VEC;
 #pragma unroll
         for (int k = 0; k < S::VEC; ++k)
-          if (L::EXACT || col + k < S::N) emit(col + k, acc[i][k]);
+          if (L::EXACT || col + k < S::N) emit(col + k, share.total(i, k, col + k));
       }
     } else {
       // Several rows per program: add the row groups' shares in group order.
@@ -244,7 +281,8 @@ __device__ __forceinline__ void rms_bwd(const typename S::y_t* __restrict__ dy, 
             const int col = (lane + i * S::TPR) * S::VEC;
 #pragma unroll
             for (int k = 0; k < S::VEC; ++k)
-              if (L::EXACT || col + k < S::N) dw_s[col + k] = (g == 0 ? 0.f : dw_s[col + k]) + acc[i][k];
+              if (L::EXACT || col + k < S::N)
+                dw_s[col + k] = (g == 0 ? 0.f : dw_s[col + k]) + share.total(i, k, col + k);
           }
         }
         __syncthreads();

@@ -121,7 +121,7 @@ void check_backward(std::int64_t M, std::int64_t N, DtypeCombo c, Layout l) {
   CHECK(dw.host == dw1);
 }
 
-const std::int64_t kNs[] = {1, 7, 64, 127, 128, 1000, 4096, 5120, 7168, 65536, 262144};
+const std::int64_t kNs[] = {1, 7, 64, 127, 128, 1000, 4096, 5120, 7168, 12288, 16384, 65536, 262144};
 const DtypeCombo kMain[] = {
     {DType::BF16, DType::BF16, DType::BF16}, {DType::F16, DType::F16, DType::F32}, {DType::F32, DType::F32, DType::F32}};
 const DtypeCombo kAll[] = {

@@ -24,6 +24,27 @@ int max_vec(const NormDesc& d) {
   return static_cast<int>(std::min<std::int64_t>(16 / widest, next_pow2(d.N)));
 }
 
+namespace {
+// Elements of a row one thread handles, and whether that fits the register
+// budget (a 1024-thread block gets half: 64 registers a thread at most).
+struct Share {
+  std::int64_t per_thread;
+  bool in_registers;
+};
+Share thread_share(Op op, const NormDesc& d, const LaunchConfig& c) {
+  const std::int64_t per_thread = ceil_div(ceil_div(d.N, c.vec), c.threads_per_row) * c.vec;
+  const int full_block = c.threads() == 1024 ? 2 : 1;
+  const bool regs = op == Op::RmsForward
+                        ? per_thread * dtype_size(d.x_dtype) * full_block <= kFwdCacheBytesPerThread
+                        : per_thread * full_block <= kBwdCachedElemsPerThread;
+  return {per_thread, regs};
+}
+}  // namespace
+
+bool dweight_in_smem(Op op, const NormDesc& d, const LaunchConfig& c) {
+  return op == Op::RmsBackward && !c.two_pass && !thread_share(op, d, c).in_registers;
+}
+
 bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* why) {
   auto no = [&](std::string s) {
     if (why) *why = std::move(s);
@@ -36,11 +57,13 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
   if (threads < 32 || threads > 1024) return no(fmt::format("block of {} threads is outside [32, 1024]", threads));
   const std::int64_t chunks = ceil_div(d.N, c.vec);
   if (c.threads_per_row > next_pow2(chunks)) return no(fmt::format("{} threads per row for {} chunks", c.threads_per_row, chunks));
-  const std::int64_t per_thread = ceil_div(chunks, c.threads_per_row) * c.vec;
-  const int full_block = threads == 1024 ? 2 : 1;  // halves the budget
-  const bool fits = op == Op::RmsForward
-                        ? per_thread * dtype_size(d.x_dtype) * full_block <= kFwdCacheBytesPerThread
-                        : per_thread * full_block <= kBwdCachedElemsPerThread;
+  const auto [per_thread, in_registers] = thread_share(op, d, c);
+  const int full_block = threads == 1024 ? 2 : 1;
+  // A staged backward row may still be cached when its dw sums and weight
+  // move to shared memory (the stages' budget below covers them).
+  const bool smem_dw = op == Op::RmsBackward && !in_registers && c.rows_per_pid == 1 && c.stages >= 2 &&
+                       per_thread * full_block <= 2 * kBwdCachedElemsPerThread;
+  const bool fits = in_registers || smem_dw;
   if (c.two_pass) {
     if (fits) return no("two-pass is only for rows that do not fit in registers");
     if (c.rows_per_pid != 1) return no("two-pass handles one row per program");
@@ -54,7 +77,8 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
     if (op != Op::RmsBackward || c.two_pass || c.stages < 2) return no("stages (>= 2) are for one-pass backward only");
     if (d.N % (c.vec * c.threads_per_row)) return no("staged rows must split into whole chunks");
     if (c.vec * std::min(dtype_size(d.x_dtype), dtype_size(d.y_dtype)) < 4) return no("cp.async moves 4 bytes or more");
-    if (static_cast<std::int64_t>(c.stages) * c.rows_per_pid * d.N * (dtype_size(d.x_dtype) + dtype_size(d.y_dtype)) >
+    if (static_cast<std::int64_t>(c.stages) * c.rows_per_pid * d.N * (dtype_size(d.x_dtype) + dtype_size(d.y_dtype)) +
+            (smem_dw ? d.N * (4 + dtype_size(d.weight_dtype)) : 0) >
         kMaxStageBytes)
       return no("stages exceed the shared-memory budget");
   }
@@ -76,7 +100,6 @@ std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& d) {
         for (int threads : blocks) {
           if (threads < tpr) continue;
           LaunchConfig c{vec, tpr, threads / tpr, two_pass};
-          if (!config_valid(op, d, c)) continue;
           // Rows per program beyond what M needs only idle threads, but keep
           // the smallest block for each tpr.
           if (c.rows_per_pid > mb && threads > std::max(32, tpr)) continue;

@@ -15,8 +15,14 @@ namespace normjit::detail {
 /// 1024 threads gets half: it may use 64 registers a thread at most.
 inline constexpr int kFwdCacheBytesPerThread = 128;
 inline constexpr int kBwdCachedElemsPerThread = 16;
-/// Shared memory the cp.async stages of one backward program may use.
-inline constexpr int kMaxStageBytes = 160 * 1024;
+/// Shared memory the cp.async stages and dweight sums of one backward program
+/// may use (227 KiB is the most a block can have on sm_90).
+inline constexpr int kMaxStageBytes = 224 * 1024;
+
+/// Whether the backward under `cfg` keeps weight and dw sums in shared
+/// memory (after its cp.async stages) because its share of a row exceeds the
+/// register budget. The spec and the config rules both ask this function.
+bool dweight_in_smem(Op op, const NormDesc& desc, const LaunchConfig& cfg);
 
 /// The largest vec (elements) allowed for `desc`'s dtypes: 16-byte accesses.
 int max_vec(const NormDesc& desc);

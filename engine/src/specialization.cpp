@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "config_grid.hpp"
+
 namespace normjit::detail {
 
 namespace {
@@ -48,15 +50,16 @@ std::string KernelSpec::source() const {
                    cfg.threads_per_row, cfg.rows_per_pid);
   s += fmt::format("  static constexpr bool TWO_PASS = {}, STORE_RSTD = {};\n", cfg.two_pass, store_rstd);
   s += fmt::format("  static constexpr int STAGES = {};\n", cfg.stages);
+  s += fmt::format("  static constexpr bool DW_SMEM = {};\n", dw_smem);
   s += fmt::format("}};\n#include \"{}\"\n", template_file());
   return s;
 }
 
 std::string KernelSpec::name() const {
   if (kind == KernelKind::DweightFinalize) return fmt::format("dw_finalize.{}", dtype_name(w));
-  return fmt::format("{}.N{}.{}.{}.{}.{}.{}{}", kind == KernelKind::RmsForward ? "rms_fwd" : "rms_bwd", N,
+  return fmt::format("{}.N{}.{}.{}.{}.{}.{}{}{}", kind == KernelKind::RmsForward ? "rms_fwd" : "rms_bwd", N,
                      dtype_name(x), dtype_name(y), dtype_name(w), cfg.str(), index64 ? "i64" : "i32",
-                     store_rstd ? ".rstd" : "");
+                     store_rstd ? ".rstd" : "", dw_smem ? ".dws" : "");
 }
 
 KernelSpec make_spec(Op op, const NormDesc& d, const LaunchConfig& cfg) {
@@ -69,6 +72,7 @@ KernelSpec make_spec(Op op, const NormDesc& d, const LaunchConfig& cfg) {
   s.cfg = cfg;
   s.cfg.programs_per_sm = 0;  // a launch parameter: one cubin serves every value
   s.store_rstd = op == Op::RmsForward && d.store_rstd;
+  s.dw_smem = dweight_in_smem(op, d, s.cfg);
   if (op == Op::RmsForward)
     s.index64 = needs_index64(d.M, d.x_ld(), d.N) || needs_index64(d.M, d.y_ld(), d.N);
   else

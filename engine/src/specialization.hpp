@@ -18,6 +18,7 @@ struct KernelSpec {
   LaunchConfig cfg;         ///< unused by DweightFinalize
   bool index64 = false;     ///< 64-bit row offsets
   bool store_rstd = false;  ///< forward only
+  bool dw_smem = false;     ///< backward: weight and dw sums in shared memory
 
   /// The extern "C" kernel in the template: "normjit_rms_fwd", ...
   const char* kernel_name() const;
@@ -31,7 +32,7 @@ struct KernelSpec {
   /// Dynamic shared memory of a launch: the cp.async row stages.
   int dynamic_smem() const {
     return kind == KernelKind::RmsBackward
-               ? cfg.stages * cfg.rows_per_pid * N * (dtype_size(x) + dtype_size(y))
+               ? cfg.stages * cfg.rows_per_pid * N * (dtype_size(x) + dtype_size(y)) + (dw_smem ? N * (4 + dtype_size(w)) : 0)
                : 0;
   }
   /// Block size the kernel is compiled for.
