@@ -149,7 +149,7 @@ double check_against_reference(Engine& engine, Op op, const NormDesc& d, double*
                   relative_error(as_float(host(s.dw), d.weight_dtype, 1, d.N, d.N), dw));
 }
 
-BenchRow bench_one(Engine& engine, const DeviceInfo& dev, const DeviceBuffer& flush, Op op, const NamedShape& s,
+BenchRow bench_one(Engine& engine, const DeviceBuffer& flush, Op op, const NamedShape& s,
                    int reps, bool check) {
   const NormDesc& d = s.desc;
   BenchRow row;
@@ -184,7 +184,6 @@ BenchRow bench_one(Engine& engine, const DeviceInfo& dev, const DeviceBuffer& fl
   row.gbps = row.bytes / (row.us * 1e3);
   row.sol = 100.0 * row.copy_us / row.us;
   if (check) row.err = check_against_reference(engine, op, d, &row.tol);
-  (void)dev;
   return row;
 }
 
@@ -195,7 +194,7 @@ int cmd_bench(Engine& engine, const ShapeOptions& so, const std::string& json_pa
   const DeviceBuffer flush = make_flush_buffer(dev);
   std::vector<BenchRow> rows;
   for (const auto& s : shapes)
-    for (Op op : ops_of(so.op)) rows.push_back(bench_one(engine, dev, flush, op, s, reps, check));
+    for (Op op : ops_of(so.op)) rows.push_back(bench_one(engine, flush, op, s, reps, check));
   int driver = 0;
   cu().cuDriverGetVersion(&driver);
   fmt::print("\nGPU: {} ({}, {} SMs, L2 {} MiB), driver {}, NVRTC {}; median of {} runs, L2 flushed before each\n",
