@@ -2,28 +2,20 @@
 // tuning, the tune policies and the tuned-config cache on a real device.
 #include <doctest/doctest.h>
 
-#include <unistd.h>
 
-#include <filesystem>
 
 #include "autotune.hpp"
 #include "config_grid.hpp"
 #include "gpu_harness.hpp"
+#include "test_util.hpp"
 #include "ops.hpp"
 #include "tuned_cache.hpp"
 
 using namespace normjit;
 using namespace normjit::test;
-namespace fs = std::filesystem;
+using normjit_test::make_temp_dir;
 
 namespace {
-
-std::string temp_dir(const char* tag) {
-  static int n = 0;
-  const fs::path p = fs::temp_directory_path() / fmt::format("normjit-{}-{}-{}", tag, ::getpid(), n++);
-  fs::remove_all(p);
-  return p.string();
-}
 
 NormDesc desc_of(std::int64_t M, std::int64_t N, DType t, DType w) {
   NormDesc d;
@@ -38,7 +30,8 @@ NormDesc desc_of(std::int64_t M, std::int64_t N, DType t, DType w) {
 
 TEST_CASE("every autotune candidate matches the float64 reference") {
   const DeviceInfo dev = device_info(current_device());
-  KernelCache jit(temp_dir("kernels"));
+  const auto kdir = make_temp_dir("kernels");
+  KernelCache jit(kdir->string());
   const NormDesc shapes[] = {desc_of(777, 128, DType::BF16, DType::BF16), desc_of(300, 4096, DType::BF16, DType::F32),
                              desc_of(257, 1000, DType::F16, DType::F16), desc_of(64, 5120, DType::F32, DType::F32),
                              desc_of(130, 16384, DType::BF16, DType::BF16), desc_of(9, 262144, DType::BF16, DType::BF16)};
@@ -99,7 +92,8 @@ TEST_CASE("every autotune candidate matches the float64 reference") {
 }
 
 TEST_CASE("tuning stores a winner that later engines find; policies behave") {
-  const std::string dir = temp_dir("cache");
+  const auto tmp = make_temp_dir("cache");
+  const std::string dir = tmp->string();
   const NormDesc d = desc_of(4096, 2048, DType::BF16, DType::BF16);
   EngineOptions o;
   o.cache_dir = dir;
@@ -142,14 +136,14 @@ TEST_CASE("tuning stores a winner that later engines find; policies behave") {
   int timed = 0;
   for (const auto& c : entry.candidates) timed += c.median_us > 0;
   CHECK(timed > 0);
-  fs::remove_all(dir);
 }
 
 TEST_CASE("one engine used from several threads at once gives correct results") {
   // Each thread has its own shape (so its own kernels, compiled concurrently)
   // and its own stream-0 work; results are checked afterwards.
   EngineOptions o;
-  o.cache_dir = temp_dir("threads");
+  const auto tmp = make_temp_dir("threads");
+  o.cache_dir = tmp->string();
   Engine e(o);
   const std::int64_t Ns[] = {96, 1000, 4096, 5120, 128, 3000};
   struct Job {
@@ -193,5 +187,4 @@ TEST_CASE("one engine used from several threads at once gives correct results") 
     CHECK(relative_error(j.y->values(), j.y_ref) <= tolerance(j.d.y_dtype));
     CHECK(relative_error(j.rstd->values(), j.rstd_ref) <= 1e-5);
   }
-  fs::remove_all(o.cache_dir);
 }

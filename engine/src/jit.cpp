@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <sstream>
 
@@ -113,14 +114,17 @@ std::shared_ptr<const LoadedKernel> KernelCache::get(const KernelSpec& spec, con
   CUcontext ctx = nullptr;
   NJ_CU(cuCtxGetCurrent(&ctx));
   const std::string key = fmt::format("{}|{}|{}", static_cast<const void*>(ctx), arch, spec.name());
-  std::promise<std::shared_ptr<const LoadedKernel>> promise;
+  // A hit (every call after the first) takes no allocation: the promise is
+  // made only by the call that loads the kernel.
+  std::optional<std::promise<std::shared_ptr<const LoadedKernel>>> promise;
   std::shared_future<std::shared_ptr<const LoadedKernel>> fut;
   bool owner = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = loaded_.find(key);
     if (it == loaded_.end()) {
-      fut = promise.get_future().share();
+      promise.emplace();
+      fut = promise->get_future().share();
       loaded_.emplace(key, fut);
       owner = true;
     } else {
@@ -129,7 +133,7 @@ std::shared_ptr<const LoadedKernel> KernelCache::get(const KernelSpec& spec, con
   }
   if (owner) {
     try {
-      promise.set_value(std::make_shared<const LoadedKernel>(
+      promise->set_value(std::make_shared<const LoadedKernel>(
           spec, compiled ? *compiled : compile_spec(spec, arch, kernel_dir_)));
     } catch (...) {
       // Forget the failure so a later call can retry, and tell every waiter.
@@ -137,7 +141,7 @@ std::shared_ptr<const LoadedKernel> KernelCache::get(const KernelSpec& spec, con
         std::lock_guard<std::mutex> lk(mu_);
         loaded_.erase(key);
       }
-      promise.set_exception(std::current_exception());
+      promise->set_exception(std::current_exception());
     }
   }
   return fut.get();
