@@ -2,13 +2,11 @@
 // tuning, the tune policies and the tuned-config cache on a real device.
 #include <doctest/doctest.h>
 
-
-
 #include "autotune.hpp"
 #include "config_grid.hpp"
 #include "gpu_harness.hpp"
-#include "test_util.hpp"
 #include "ops.hpp"
+#include "test_util.hpp"
 #include "tuned_cache.hpp"
 
 using namespace normjit;
