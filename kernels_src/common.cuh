@@ -88,25 +88,48 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-// Sum over the TPR threads of a row. TPR <= 32: butterfly shuffles inside the
-// aligned lane segment. TPR > 32: per-warp shuffles, then the row's warps'
-// sums through shared memory, added in a fixed order (deterministic).
-// Every thread of the block must call it (it may hold a barrier).
-template <int TPR, int ROWS>
-__device__ __forceinline__ float row_sum(float v, float (*smem)[TPR > 32 ? TPR / 32 : 1]) {
+// Sums of K values over the TPR threads of a row. TPR <= 32: butterfly
+// shuffles inside the aligned lane segment. TPR > 32: per-warp shuffles,
+// then the row's warps' sums through shared memory, added in a fixed order
+// (deterministic); one barrier pair serves all K sums. Every thread of the
+// block must call it (it may hold a barrier).
+template <int TPR> constexpr int kWarpsPerRow = TPR > 32 ? TPR / 32 : 1;
+template <int TPR, int ROWS, int K>
+__device__ __forceinline__ void row_reduce(float (&v)[K], float (*smem)[kWarpsPerRow<TPR>][K]) {
 #pragma unroll
-  for (int o = (TPR < 32 ? TPR : 32) / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = (TPR < 32 ? TPR : 32) / 2; o > 0; o >>= 1)
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
   if constexpr (TPR > 32) {
-    constexpr int WARPS = TPR / 32;
     const int rg = threadIdx.x / TPR, w = (threadIdx.x % TPR) / 32;
-    if (threadIdx.x % 32 == 0) smem[rg][w] = v;
-    __syncthreads();
-    v = 0.f;
+    if (threadIdx.x % 32 == 0)
 #pragma unroll
-    for (int i = 0; i < WARPS; ++i) v += smem[rg][i];
+      for (int k = 0; k < K; ++k) smem[rg][w][k] = v[k];
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      v[k] = 0.f;
+#pragma unroll
+      for (int i = 0; i < TPR / 32; ++i) v[k] += smem[rg][i][k];
+    }
     __syncthreads();  // smem is reused by the next call
   }
-  return v;
 }
+
+// Element offset of row `row` of a tensor with token stride ld and head
+// stride hs: 2-D rows (HEADS false) are row * ld; 3-D rows are token
+// row / heads, head row % heads (one division a row, not an element).
+template <bool HEADS, class index_t>
+__device__ __forceinline__ index_t row_offset(long long row, long long ld, long long hs, long long heads) {
+  if constexpr (HEADS) {
+    const index_t t = (index_t)row / (index_t)heads;
+    return t * (index_t)ld + ((index_t)row - t * (index_t)heads) * (index_t)hs;
+  } else {
+    return (index_t)row * (index_t)ld;
+  }
+}
+
+// Rounds through T and back: where model code computes in T (casting modes).
+template <class T> __device__ __forceinline__ float round_to(float f) { return to_float(from_float<T>(f)); }
 
 }  // namespace nj

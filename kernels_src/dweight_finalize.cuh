@@ -1,5 +1,7 @@
-// Second stage of the deterministic dweight reduction: dw[j] = sum over
-// programs p (in order) of partial[p, j]. 32 columns x 32 slices a block:
+// Second stage of the deterministic dweight / dbias reduction: out[j] = sum
+// over programs p (in order) of partial[p, j]. blockIdx.y picks the partial
+// array (0: out0 = dweight, or dbias without a weight; 1: out1 = dbias), each
+// `programs` x N. 32 columns x 32 slices a block:
 // each warp reads 128 contiguous bytes of a partial row; each slice sums every
 // 32nd partial row; the slices are then added in order through shared memory.
 //
@@ -8,8 +10,10 @@
 #include "common.cuh"
 
 extern "C" __global__ void __launch_bounds__(1024)
-normjit_dw_finalize(const float* __restrict__ partial, typename Spec::w_t* __restrict__ dw, int programs,
-                    int N) {
+normjit_dw_finalize(const float* __restrict__ partial, typename Spec::w_t* __restrict__ out0,
+                    typename Spec::w_t* __restrict__ out1, int programs, int N) {
+  partial += (long long)blockIdx.y * programs * N;
+  typename Spec::w_t* __restrict__ dw = blockIdx.y ? out1 : out0;
   __shared__ float s[32][33];  // +1 column: no bank conflicts on the transpose read
   const int cx = threadIdx.x % 32, sy = threadIdx.x / 32;
   const int col = blockIdx.x * 32 + cx;

@@ -99,7 +99,8 @@ TEST_CASE("cli: invalid values exit 2 naming what is wrong") {
   const Cli cli;
   check_fails(cli, "tune --shape rms:bf17:8x8", 2, {"bf17"});
   check_fails(cli, "bench --shape rms:bf16:8x0", 2, {"N = 0"});
-  check_fails(cli, "compile --shape ln:bf16:8x8", 2, {"ln:bf16:8x8"});
+  check_fails(cli, "compile --shape gn:bf16:8x8", 2, {"gn:bf16:8x8"});
+  check_fails(cli, "compile --shape ln:bf16:8x8:res:heads=2", 2, {"residual = true needs 2-D rows"});
   check_fails(cli, "cache show --file /dev/null", 2, {"/dev/null", "not a readable tuned cache"});
   CHECK(count_cubins(cli.cache_dir() / "kernels") == 0);
 }
@@ -127,7 +128,7 @@ TEST_CASE("cli: bad command lines exit 2 with a message") {
 TEST_CASE("cli: compile fills the kernel cache; cache list counts it; cache clear empties it") {
   const Cli cli;
   const fs::path kernels = cli.cache_dir() / "kernels";
-  const long variants = static_cast<long>(candidate_grid(Op::RmsForward, make_desc(64, 128)).size());
+  const long variants = static_cast<long>(candidate_grid(Op::Forward, make_desc(64, 128)).size());
   REQUIRE(variants > 0);
 
   const CliResult compiled = cli("compile --arch sm_90 --shape rms:bf16:64x128 --op fwd");

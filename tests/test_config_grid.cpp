@@ -27,7 +27,7 @@ const std::int64_t kNs[] = {1, 7, 64, 127, 128, 1000, 4096, 5120, 7168, 65536, 2
 const std::int64_t kMs[] = {1, 3, 1000, 32768};
 const DtypeCombo kCombos[] = {{DType::F32, DType::F32}, {DType::F16, DType::F16}, {DType::F16, DType::F32},
                               {DType::BF16, DType::BF16}, {DType::BF16, DType::F32}};
-const Op kOps[] = {Op::RmsForward, Op::RmsBackward};
+const Op kOps[] = {Op::Forward, Op::Backward};
 
 LaunchConfig cfg(int vec, int tpr, int rows, bool two_pass = false, int programs_per_sm = 0) {
   LaunchConfig c;
@@ -74,9 +74,9 @@ void check_members_valid(Op op, const NormDesc& d, const std::vector<LaunchConfi
     CHECK(c.threads() >= 32);
     CHECK(c.threads() <= 1024);
     CHECK(c.vec * widest_bytes(d) <= 16);
-    CHECK(c.vec <= max_vec(d));
+    CHECK(c.vec <= max_vec(Op::Forward, d));
     CHECK(c.programs_per_sm >= 0);
-    if (op == Op::RmsForward) CHECK(c.programs_per_sm == 0);
+    if (op == Op::Forward) CHECK(c.programs_per_sm == 0);
     // The M-bucket rule: no more rows per program than M needs, except the
     // smallest block of a narrow row.
     CHECK(c.rows_per_pid <= std::max<std::int64_t>(m_bucket(d.M), min_rows(c.threads_per_row)));
@@ -104,7 +104,7 @@ void check_two_pass_exactly_when_needed(Op op, const NormDesc& d, const std::vec
     CHECK_FALSE(config_valid(op, d, twin, &why));
     CHECK(why.find(c.two_pass ? "register budget" : "do not fit") != std::string::npos);
   }
-  const int vmax = max_vec(d);
+  const int vmax = max_vec(Op::Forward, d);
   for (int tpr = 32; tpr <= 1024; tpr *= 2) {
     const LaunchConfig two = cfg(vmax, tpr, 1, true);
     CAPTURE(two.str());
@@ -148,7 +148,7 @@ TEST_CASE("config_grid: every grid is non-empty, valid, sorted and holds the heu
     const LaunchConfig h = heuristic_config(op, d);
     CAPTURE(h.str());
     CHECK(in_grid(grid, h));
-    CHECK(h.vec == max_vec(d));
+    CHECK(h.vec == max_vec(Op::Forward, d));
   });
 }
 
@@ -182,20 +182,20 @@ TEST_CASE("config_grid: narrow rows with many rows use several rows per program;
       }
     }
   // M = 3 allows up to 4 rows per program for blocks larger than a warp.
-  for (const auto& c : grid_of(Op::RmsForward, 3, 64))
+  for (const auto& c : grid_of(Op::Forward, 3, 64))
     CHECK(c.rows_per_pid <= std::max(4, min_rows(c.threads_per_row)));
-  CHECK(in_grid(grid_of(Op::RmsForward, 3, 64), cfg(8, 8, 4)));
-  CHECK_FALSE(in_grid(grid_of(Op::RmsForward, 3, 64), cfg(8, 8, 16)));
-  CHECK(in_grid(grid_of(Op::RmsForward, 1000, 64), cfg(8, 8, 16)));
+  CHECK(in_grid(grid_of(Op::Forward, 3, 64), cfg(8, 8, 4)));
+  CHECK_FALSE(in_grid(grid_of(Op::Forward, 3, 64), cfg(8, 8, 16)));
+  CHECK(in_grid(grid_of(Op::Forward, 1000, 64), cfg(8, 8, 16)));
 }
 
 TEST_CASE("config_grid: max_vec is 16 bytes of the widest dtype, capped by N") {
-  CHECK(max_vec(make_desc(8, 4096)) == 8);
-  CHECK(max_vec(make_desc(8, 4096, DType::F16)) == 8);
-  CHECK(max_vec(make_desc(8, 4096, DType::F32)) == 4);
-  CHECK(max_vec(make_desc(8, 4096, DType::BF16, DType::F32)) == 4);
-  CHECK(max_vec(make_desc(8, 3)) == 4);
-  CHECK(max_vec(make_desc(8, 1)) == 1);
+  CHECK(max_vec(Op::Forward, make_desc(8, 4096)) == 8);
+  CHECK(max_vec(Op::Forward, make_desc(8, 4096, DType::F16)) == 8);
+  CHECK(max_vec(Op::Forward, make_desc(8, 4096, DType::F32)) == 4);
+  CHECK(max_vec(Op::Forward, make_desc(8, 4096, DType::BF16, DType::F32)) == 4);
+  CHECK(max_vec(Op::Forward, make_desc(8, 3)) == 4);
+  CHECK(max_vec(Op::Forward, make_desc(8, 1)) == 1);
 }
 
 TEST_CASE("config_grid: config_valid rejects bad configs and says why") {
@@ -204,26 +204,26 @@ TEST_CASE("config_grid: config_valid rejects bad configs and says why") {
   const NormDesc mixed_4096 = make_desc(64, 4096, DType::BF16, DType::F32);
   const NormDesc wide = make_desc(64, 262144);
   const NormDesc narrow = make_desc(64, 128);
-  check_rejected(Op::RmsForward, fp32_4096, cfg(8, 256, 1), "vec 8");
-  check_rejected(Op::RmsForward, mixed_4096, cfg(8, 256, 1), "vec 8");
-  check_rejected(Op::RmsForward, bf16_4096, cfg(3, 256, 1), "vec 3");
-  check_rejected(Op::RmsForward, bf16_4096, cfg(16, 256, 1), "vec 16");
-  check_rejected(Op::RmsForward, bf16_4096, cfg(8, 48, 1), "powers of two");
-  check_rejected(Op::RmsForward, bf16_4096, cfg(8, 256, 3), "powers of two");
-  check_rejected(Op::RmsForward, fp32_4096, cfg(1, 1024, 2), "2048 threads");
-  check_rejected(Op::RmsForward, bf16_4096, cfg(8, 8, 2), "16 threads");
-  check_rejected(Op::RmsForward, narrow, cfg(8, 64, 1), "64 threads per row for 16 chunks");
-  check_rejected(Op::RmsForward, wide, cfg(8, 512, 2, true), "one row per program");
-  check_rejected(Op::RmsForward, narrow, cfg(8, 16, 2, true), "do not fit");
-  check_rejected(Op::RmsForward, wide, cfg(8, 1024, 1), "register budget");
-  check_rejected(Op::RmsBackward, bf16_4096, cfg(8, 64, 1), "register budget");
-  check_rejected(Op::RmsForward, bf16_4096, cfg(8, 512, 1, false, 2), "programs_per_sm");
-  check_rejected(Op::RmsBackward, bf16_4096, cfg(8, 512, 1, false, -1), "programs_per_sm");
+  check_rejected(Op::Forward, fp32_4096, cfg(8, 256, 1), "vec 8");
+  check_rejected(Op::Forward, mixed_4096, cfg(8, 256, 1), "vec 8");
+  check_rejected(Op::Forward, bf16_4096, cfg(3, 256, 1), "vec 3");
+  check_rejected(Op::Forward, bf16_4096, cfg(16, 256, 1), "vec 16");
+  check_rejected(Op::Forward, bf16_4096, cfg(8, 48, 1), "powers of two");
+  check_rejected(Op::Forward, bf16_4096, cfg(8, 256, 3), "powers of two");
+  check_rejected(Op::Forward, fp32_4096, cfg(1, 1024, 2), "2048 threads");
+  check_rejected(Op::Forward, bf16_4096, cfg(8, 8, 2), "16 threads");
+  check_rejected(Op::Forward, narrow, cfg(8, 64, 1), "64 threads per row for 16 chunks");
+  check_rejected(Op::Forward, wide, cfg(8, 512, 2, true), "one row per program");
+  check_rejected(Op::Forward, narrow, cfg(8, 16, 2, true), "do not fit");
+  check_rejected(Op::Forward, wide, cfg(8, 1024, 1), "register budget");
+  check_rejected(Op::Backward, bf16_4096, cfg(8, 64, 1), "register budget");
+  check_rejected(Op::Forward, bf16_4096, cfg(8, 512, 1, false, 2), "programs_per_sm");
+  check_rejected(Op::Backward, bf16_4096, cfg(8, 512, 1, false, -1), "programs_per_sm");
   // The same config is fine where the budget allows it.
-  CHECK(config_valid(Op::RmsForward, bf16_4096, cfg(8, 64, 1)));
-  CHECK(config_valid(Op::RmsForward, wide, cfg(8, 1024, 1, true)));
-  CHECK(config_valid(Op::RmsBackward, bf16_4096, cfg(8, 512, 2)));
-  CHECK(config_valid(Op::RmsBackward, bf16_4096, cfg(8, 512, 2, false, 4)));
+  CHECK(config_valid(Op::Forward, bf16_4096, cfg(8, 64, 1)));
+  CHECK(config_valid(Op::Forward, wide, cfg(8, 1024, 1, true)));
+  CHECK(config_valid(Op::Backward, bf16_4096, cfg(8, 512, 2)));
+  CHECK(config_valid(Op::Backward, bf16_4096, cfg(8, 512, 2, false, 4)));
 }
 
 TEST_CASE("config_grid: fit_alignment lowers vec for misaligned pointers and strides only") {
@@ -231,7 +231,7 @@ TEST_CASE("config_grid: fit_alignment lowers vec for misaligned pointers and str
   const LaunchConfig c = cfg(8, 256, 1);
   auto* base = reinterpret_cast<const char*>(std::uintptr_t{1} << 20);
   auto fit = [&](std::ptrdiff_t offset, std::vector<std::int64_t> strides, DType t = DType::BF16) {
-    return fit_alignment(c, d, {{base, DType::BF16}, {base + offset, t}, {nullptr, DType::BF16}}, strides).vec;
+    return fit_alignment(c, Op::Backward, d, {{base, DType::BF16}, {base + offset, t}, {nullptr, DType::BF16}}, strides).vec;
   };
   CHECK(fit(0, {4096, 4096}) == 8);
   CHECK(fit(256, {4160}) == 8);
@@ -246,35 +246,35 @@ TEST_CASE("config_grid: fit_alignment lowers vec for misaligned pointers and str
   CHECK(fit(16, {4096}, DType::F32) == 4);
   CHECK(fit(8, {4096}, DType::F32) == 2);
   // Everything but vec is kept.
-  const LaunchConfig lowered = fit_alignment(cfg(8, 128, 2, false), d, {{base + 2, DType::BF16}}, {});
+  const LaunchConfig lowered = fit_alignment(cfg(8, 128, 2, false), Op::Backward, d, {{base + 2, DType::BF16}}, {});
   CHECK(lowered == cfg(1, 128, 2, false));
-  CHECK(fit_alignment(cfg(8, 1024, 1, true), d, {}, {4097}) == cfg(1, 1024, 1, true));
+  CHECK(fit_alignment(cfg(8, 1024, 1, true), Op::Backward, d, {}, {4097}) == cfg(1, 1024, 1, true));
 }
 
 TEST_CASE("config_grid: launch_geometry of forward and backward") {
   const NormDesc d = make_desc(1000, 4096);
-  const Geometry f1 = launch_geometry(Op::RmsForward, d, cfg(8, 256, 1), 132, 8);
+  const Geometry f1 = launch_geometry(Op::Forward, d, cfg(8, 256, 1), 132, 8);
   CHECK(f1.grid == 1000);
   CHECK(f1.block == 256);
-  const Geometry f4 = launch_geometry(Op::RmsForward, d, cfg(8, 32, 4), 132, 8);
+  const Geometry f4 = launch_geometry(Op::Forward, d, cfg(8, 32, 4), 132, 8);
   CHECK(f4.grid == 250);
   CHECK(f4.block == 128);
-  CHECK(launch_geometry(Op::RmsForward, make_desc(1001, 64), cfg(8, 8, 16), 132, 8).grid == 63);
-  CHECK(launch_geometry(Op::RmsForward, make_desc(1, 64), cfg(8, 8, 4), 132, 8).grid == 1);
+  CHECK(launch_geometry(Op::Forward, make_desc(1001, 64), cfg(8, 8, 16), 132, 8).grid == 63);
+  CHECK(launch_geometry(Op::Forward, make_desc(1, 64), cfg(8, 8, 4), 132, 8).grid == 1);
 
   // Backward: persistent, capped by what is resident and by the rows there are.
-  CHECK(launch_geometry(Op::RmsBackward, d, cfg(8, 256, 1), 132, 2).grid == 264);
-  CHECK(launch_geometry(Op::RmsBackward, d, cfg(8, 256, 1), 132, 8).grid == 1000);
-  CHECK(launch_geometry(Op::RmsBackward, d, cfg(8, 64, 4), 132, 8).grid == 250);
-  CHECK(launch_geometry(Op::RmsBackward, d, cfg(8, 256, 1), 4, 0).grid == 4);
-  CHECK(launch_geometry(Op::RmsBackward, make_desc(0, 4096), cfg(8, 256, 1), 132, 8).grid == 1);
-  CHECK(launch_geometry(Op::RmsBackward, make_desc(3, 4096), cfg(8, 256, 1), 132, 8).grid == 3);
-  CHECK(launch_geometry(Op::RmsBackward, d, cfg(8, 256, 1), 132, 8).block == 256);
+  CHECK(launch_geometry(Op::Backward, d, cfg(8, 256, 1), 132, 2).grid == 264);
+  CHECK(launch_geometry(Op::Backward, d, cfg(8, 256, 1), 132, 8).grid == 1000);
+  CHECK(launch_geometry(Op::Backward, d, cfg(8, 64, 4), 132, 8).grid == 250);
+  CHECK(launch_geometry(Op::Backward, d, cfg(8, 256, 1), 4, 0).grid == 4);
+  CHECK(launch_geometry(Op::Backward, make_desc(0, 4096), cfg(8, 256, 1), 132, 8).grid == 1);
+  CHECK(launch_geometry(Op::Backward, make_desc(3, 4096), cfg(8, 256, 1), 132, 8).grid == 3);
+  CHECK(launch_geometry(Op::Backward, d, cfg(8, 256, 1), 132, 8).block == 256);
   // programs_per_sm caps the programs per SM, but never above what is resident.
-  CHECK(launch_geometry(Op::RmsBackward, d, cfg(8, 256, 1, false, 2), 132, 8).grid == 264);
-  CHECK(launch_geometry(Op::RmsBackward, d, cfg(8, 256, 1, false, 4), 132, 2).grid == 264);
-  CHECK(launch_geometry(Op::RmsBackward, d, cfg(8, 256, 1, false, 1), 132, 8).grid == 132);
-  CHECK(launch_geometry(Op::RmsBackward, make_desc(100, 4096), cfg(8, 256, 1, false, 4), 132, 8).grid == 100);
+  CHECK(launch_geometry(Op::Backward, d, cfg(8, 256, 1, false, 2), 132, 8).grid == 264);
+  CHECK(launch_geometry(Op::Backward, d, cfg(8, 256, 1, false, 4), 132, 2).grid == 264);
+  CHECK(launch_geometry(Op::Backward, d, cfg(8, 256, 1, false, 1), 132, 8).grid == 132);
+  CHECK(launch_geometry(Op::Backward, make_desc(100, 4096), cfg(8, 256, 1, false, 4), 132, 8).grid == 100);
 }
 
 TEST_CASE("config_grid: simplicity_key puts fewer threads, fewer rows, one pass and wider vectors first") {

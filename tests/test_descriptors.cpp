@@ -101,7 +101,81 @@ TEST_CASE("descriptors: valid descriptors pass, str() describes them") {
   CHECK(make_desc(2, 7).dx_ld() == 7);
   d.x_dtype = DType::F32;
   d.weight_dtype = DType::F16;
-  CHECK(d.str() == "8192x4096 x=fp32 y=bf16 w=fp16");
+  CHECK(d.str() == "rms 8192x4096 x=fp32 y=bf16 w=fp16");
+}
+
+TEST_CASE("descriptors: every variant field is validated, naming the field and its value") {
+  auto base = [] {
+    NormDesc d = make_desc(64, 128);
+    d.norm = NormKind::LayerNorm;
+    return d;
+  };
+  struct Case {
+    void (*edit)(NormDesc&);
+    std::vector<std::string> parts;
+  };
+  const Case cases[] = {
+      {[](NormDesc& d) { d.norm = static_cast<NormKind>(7); }, {"norm = 7"}},
+      {[](NormDesc& d) { d.heads = 0; }, {"heads = 0"}},
+      {[](NormDesc& d) { d.heads = 3; }, {"heads = 3", "divide M = 64"}},
+      {[](NormDesc& d) { d.x_head_stride = 100; }, {"x_head_stride = 100", "N = 128"}},
+      {[](NormDesc& d) { d.residual_stride = 5; }, {"residual_stride = 5"}},
+      {[](NormDesc& d) { d.residual_out_stride = 5; }, {"residual_out_stride = 5"}},
+      {[](NormDesc& d) { d.dresidual_stride = 5; }, {"dresidual_stride = 5"}},
+      {[](NormDesc& d) { d.residual_dtype = static_cast<DType>(9); }, {"residual_dtype = 9"}},
+      {[](NormDesc& d) { d.residual_out_dtype = static_cast<DType>(9); }, {"residual_out_dtype = 9"}},
+      {[](NormDesc& d) { d.weight_offset = NAN; }, {"weight_offset = nan"}},
+      {[](NormDesc& d) { d.has_weight = false; d.weight_offset = 1.f; }, {"weight_offset = 1", "has_weight"}},
+      {[](NormDesc& d) { d.norm = NormKind::RMSNorm; d.has_bias = true; }, {"has_bias = true", "LayerNorm only"}},
+      {[](NormDesc& d) { d.cast_mode = static_cast<CastMode>(5); }, {"cast_mode = 5"}},
+      {[](NormDesc& d) { d.residual_rounding = static_cast<ResidualRounding>(5); }, {"residual_rounding = 5"}},
+      {[](NormDesc& d) { d.residual = true; d.heads = 2; }, {"residual = true", "heads = 2"}},
+      {[](NormDesc& d) { d.store_residual_out = true; }, {"store_residual_out = true", "residual = true"}},
+      {[](NormDesc& d) { d.has_dresidual = true; }, {"has_dresidual = true", "residual = true"}},
+      // 3-D rows that overlap: 4 heads of 128 in a token stride of 256.
+      {[](NormDesc& d) { d.heads = 4; d.x_stride = 256; }, {"x_stride = 256", "x_head_stride = 128", "overlap"}},
+      {[](NormDesc& d) { d.heads = 4; d.dx_stride = 300; d.dx_head_stride = 128; }, {"dx_stride = 300", "overlap"}},
+  };
+  for (const auto& c : cases) {
+    NormDesc d = base();
+    c.edit(d);
+    check_invalid([&] { d.validate(); }, c.parts);
+  }
+  // Valid 3-D layouts: token-major views and a transposed (head-major) tensor.
+  NormDesc ok = base();
+  ok.heads = 4;
+  ok.x_stride = 3 * 4 * 128;
+  CHECK_NOTHROW(ok.validate());
+  ok.x_stride = 128;
+  ok.x_head_stride = 16 * 128;  // [heads, tokens, N]
+  CHECK_NOTHROW(ok.validate());
+  CHECK(ok.x_hs() == 16 * 128);
+  CHECK(base().y_ld() == 128);
+}
+
+TEST_CASE("descriptors: engine calls name missing pointers of a variant before anything runs") {
+  Engine e;  // no GPU needed: pointers are checked first
+  NormDesc d = make_desc(4, 64);
+  d.norm = NormKind::LayerNorm;
+  d.has_bias = true;
+  d.residual = d.store_residual_out = true;
+  int dummy = 0;
+  ForwardTensors f;
+  float* p = reinterpret_cast<float*>(&dummy);
+  f.x = f.weight = f.residual = p;
+  f.y = p;
+  f.rstd = f.mean = p;
+  check_invalid([&] { e.forward(d, f, nullptr); }, {"bias = null", "has_bias", "ln_fwd"});
+  f.bias = &dummy;
+  check_invalid([&] { e.forward(d, f, nullptr); }, {"residual_out = null", "store_residual_out"});
+  BackwardTensors b;
+  b.dy = b.x = b.weight = b.dx = b.dweight = b.workspace = p;
+  b.rstd = p;
+  check_invalid([&] { e.backward(d, b, nullptr); }, {"mean = null", "LayerNorm"});
+  b.mean = p;
+  check_invalid([&] { e.backward(d, b, nullptr); }, {"dbias = null", "has_bias"});
+  check_invalid([&] { e.rms_norm_forward(d, &dummy, &dummy, &dummy, nullptr, nullptr); },
+                {"rms_norm_forward", "desc.norm = ln"});
 }
 
 TEST_CASE("descriptors: Error composes its message from the parts") {
@@ -186,11 +260,38 @@ TEST_CASE("descriptors: parse_shape_spec") {
   CHECK(b.desc.weight_dtype == DType::F32);
   CHECK(parse_shape_spec("rms:float:0x1").desc.M == 0);
 
+  // LayerNorm: a bias and eps 1e-5 as torch.nn.LayerNorm; options.
+  const NormDesc ln = parse_shape_spec("ln:fp16:4096x256").desc;
+  CHECK(ln.norm == NormKind::LayerNorm);
+  CHECK(ln.has_bias);
+  CHECK(ln.eps == 1e-5f);
+  const NormDesc lnb = parse_shape_spec("ln:fp16:4096x256:nb:nw:eps=0.001").desc;
+  CHECK_FALSE(lnb.has_bias);
+  CHECK_FALSE(lnb.has_weight);
+  CHECK(lnb.eps == 1e-3f);
+  const NormDesc add = parse_shape_spec("rms:bf16:8x4096:res=fp32:fp32sum:dres:off=1:cast=gemma").desc;
+  CHECK(add.residual);
+  CHECK(add.store_residual_out);
+  CHECK(add.has_dresidual);
+  CHECK(add.residual_dtype == DType::F32);
+  CHECK(add.residual_out_dtype == DType::F32);
+  CHECK(add.residual_rounding == ResidualRounding::Fp32);
+  CHECK(add.weight_offset == 1.f);
+  CHECK(add.cast_mode == CastMode::Gemma);
+  const NormDesc qk = parse_shape_spec("rms:bf16:32768x128:heads=32:x_stride=6144").desc;
+  CHECK(qk.heads == 32);
+  CHECK(qk.x_ld() == 6144);
+  CHECK(qk.x_hs() == 128);
+  CHECK(qk.y_ld() == 32 * 128);  // outputs stay contiguous
+
   check_invalid([] { parse_shape_spec("rms:bf17:8x8"); }, {"bf17"});
   check_invalid([] { parse_shape_spec("rms:bf16:8x8:w=fp8"); }, {"fp8"});
   check_invalid([] { parse_shape_spec("rms:bf16:8x0"); }, {"N = 0"});
   check_invalid([] { parse_shape_spec("rms:bf16:8x262145"); }, {"N = 262145"});
-  check_invalid([] { parse_shape_spec("ln:bf16:8x8"); }, {"'ln:bf16:8x8'", "rms:<dtype>:<M>x<N>"});
+  check_invalid([] { parse_shape_spec("gn:bf16:8x8"); }, {"'gn:bf16:8x8'", "<rms|ln>:<dtype>:<M>x<N>"});
+  check_invalid([] { parse_shape_spec("ln:bf16:8x8:zz=1"); }, {"'ln:bf16:8x8:zz=1'", "option 'zz'"});
+  check_invalid([] { parse_shape_spec("rms:bf16:8x8:nb:off=1:nw"); }, {"weight_offset = 1", "has_weight"});
+  check_invalid([] { parse_shape_spec("rms:bf16:8x8:heads=3"); }, {"heads = 3", "M = 8"});
   check_invalid([] { parse_shape_spec("rms:bf16:-8x8"); }, {"'rms:bf16:-8x8'"});
   check_invalid([] { parse_shape_spec("rms:bf16:8x8x8"); }, {"'rms:bf16:8x8x8'"});
   check_invalid([] { parse_shape_spec("rms:bf16:99999999999999999999x8"); },
@@ -256,6 +357,18 @@ void check_bad_model(const std::string& json, std::vector<std::string> parts) {
 }
 
 }  // namespace
+
+TEST_CASE("descriptors: shapes_from_model_config reads GPT-2's LayerNorm (n_embd, layer_norm_epsilon)") {
+  const auto shapes = shapes_from_model_config(NORMJIT_TEST_MODELS_DIR "/gpt2.config.json", {1, 1024});
+  REQUIRE(shapes.size() == 2);
+  for (const auto& s : shapes) {
+    CHECK(s.desc.norm == NormKind::LayerNorm);
+    CHECK(s.desc.has_bias);
+    CHECK(s.desc.N == 768);
+    CHECK(s.desc.eps == 1e-5f);
+  }
+  CHECK(shapes[1].desc.M == 1024);
+}
 
 TEST_CASE("descriptors: shapes_from_model_config for models without QK-norm") {
   const auto shapes = ModelFile(kLlamaConfig).shapes({1, 1024});
@@ -334,8 +447,8 @@ TEST_CASE("descriptors: Engine rejects bad arguments before it touches the drive
       [&] { e.rms_norm_backward(d, nullptr, fake(2), fake(3), rstd, fake(5), fake(6), fake(7), 64, nullptr); },
       {"dy = null"});
   check_invalid([&] { e.rms_norm_backward_workspace_size(make_desc(8, 0)); }, {"N = 0"});
-  check_invalid([&] { e.config_for(Op::RmsForward, make_desc(8, 0)); }, {"N = 0"});
-  check_invalid([&] { e.tune(Op::RmsForward, make_desc(0, 64)); }, {"M = 0"});
+  check_invalid([&] { e.config_for(Op::Forward, make_desc(8, 0)); }, {"N = 0"});
+  check_invalid([&] { e.tune(Op::Forward, make_desc(0, 64)); }, {"M = 0"});
 }
 
 // ---- host fp16 / bf16 conversions --------------------------------------------

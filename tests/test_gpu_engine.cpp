@@ -49,7 +49,7 @@ TEST_CASE("every autotune candidate matches the float64 reference") {
     for (std::int64_t i = 0; i < d.M; ++i) store_as(DType::F32, rstd.host.data(), i, static_cast<float>(rstd_ref[i]));
     rms_backward_reference(d, dy.host.data(), x.host.data(), w.host.data(),
                            reinterpret_cast<const float*>(rstd.host.data()), &dx_ref, &dw_ref);
-    for (Op op : {Op::RmsForward, Op::RmsBackward}) {
+    for (Op op : {Op::Forward, Op::Backward}) {
       const auto grid = candidate_grid(op, d);
       REQUIRE(!grid.empty());
       int ran = 0;
@@ -58,10 +58,15 @@ TEST_CASE("every autotune candidate matches the float64 reference") {
         auto k = jit.get(make_spec(op, d, cfg), dev.arch());
         if (k->local_bytes > 0 || k->blocks_per_sm < 1) continue;  // the tuner prunes these too
         ++ran;
-        if (op == Op::RmsForward) {
+        if (op == Op::Forward) {
           y.poison();
           rstd.poison();
-          launch_forward(*k, d, {x.dev.get(), w.dev.get(), y.dev.get(), rstd.dev.get()}, dev.sm_count, nullptr);
+          ForwardTensors t;
+          t.x = x.dev.ptr();
+          t.weight = w.dev.ptr();
+          t.y = y.dev.ptr();
+          t.rstd = static_cast<float*>(rstd.dev.ptr());
+          launch_forward(*k, d, t, dev.sm_count, nullptr);
           y.download();
           rstd.download();
           CHECK(relative_error(y.values(), y_ref) <= tolerance(d.y_dtype));
@@ -75,9 +80,16 @@ TEST_CASE("every autotune candidate matches the float64 reference") {
           DeviceBuffer ws(std::max<std::size_t>(16, backward_workspace_bytes(g, d)));
           dx.poison();
           dw.poison();
-          launch_backward(*k, *fin, d,
-                          {dy.dev.get(), x.dev.get(), w.dev.get(), rstd.dev.get(), dx.dev.get(), dw.dev.get(), ws.get()},
-                          g, nullptr);
+          BackwardTensors t;
+          t.dy = dy.dev.ptr();
+          t.x = x.dev.ptr();
+          t.weight = w.dev.ptr();
+          t.rstd = static_cast<const float*>(rstd.dev.ptr());
+          t.dx = dx.dev.ptr();
+          t.dweight = dw.dev.ptr();
+          t.workspace = ws.ptr();
+          t.workspace_bytes = ws.bytes();
+          launch_backward(*k, *fin, d, t, g, nullptr);
           dx.download();
           dw.download();
           CHECK(relative_error(dx.values(), dx_ref) <= tolerance(d.x_dtype));
@@ -100,37 +112,37 @@ TEST_CASE("tuning stores a winner that later engines find; policies behave") {
   {
     Engine e(o);
     ConfigSource src{};
-    const LaunchConfig c = e.config_for(Op::RmsForward, d, &src);
+    const LaunchConfig c = e.config_for(Op::Forward, d, &src);
     CHECK(src == ConfigSource::Heuristic);
-    CHECK(c == heuristic_config(Op::RmsForward, d));
+    CHECK(c == heuristic_config(Op::Forward, d));
   }
   o.tune_policy = TunePolicy::OnFirstUse;
   LaunchConfig tuned;
   {
     Engine e(o);
     ConfigSource src{};
-    tuned = e.config_for(Op::RmsForward, d, &src);
+    tuned = e.config_for(Op::Forward, d, &src);
     CHECK(src == ConfigSource::Tuned);
-    e.config_for(Op::RmsForward, d, &src);
+    e.config_for(Op::Forward, d, &src);
     CHECK(src == ConfigSource::Memory);
   }
   o.tune_policy = TunePolicy::Never;
   {
     Engine e(o);
     ConfigSource src{};
-    CHECK(e.config_for(Op::RmsForward, d, &src) == tuned);
+    CHECK(e.config_for(Op::Forward, d, &src) == tuned);
     CHECK(src == ConfigSource::UserCache);
     // Same M bucket, same entry.
     NormDesc d2 = d;
     d2.M = 3000;
-    CHECK(e.config_for(Op::RmsForward, d2, &src) == tuned);
+    CHECK(e.config_for(Op::Forward, d2, &src) == tuned);
   }
   // The stored entry keeps every candidate's time.
   const auto files = list_tuned_cache_files(dir + "/tuned", default_warn);
   REQUIRE(files.size() == 1);
-  const auto& entry = files[0].entries.at(shape_key(Op::RmsForward, d));
+  const auto& entry = files[0].entries.at(shape_key(Op::Forward, d));
   CHECK(entry.winner == tuned);
-  CHECK(entry.candidates.size() == candidate_grid(Op::RmsForward, d).size());
+  CHECK(entry.candidates.size() == candidate_grid(Op::Forward, d).size());
   int timed = 0;
   for (const auto& c : entry.candidates) timed += c.median_us > 0;
   CHECK(timed > 0);

@@ -185,7 +185,7 @@ TEST_CASE("64-bit offsets: row strides that leave the 32-bit range") {
   // 3 rows 2^30 + 64 elements apart: row 2 starts past element 2^31, so the
   // kernels need 64-bit offsets. Only the rows themselves travel to the host.
   const std::int64_t M = 3, N = 4096, ld = (std::int64_t{1} << 30) + 64;
-  for (Op op : {Op::RmsForward, Op::RmsBackward}) {
+  for (Op op : {Op::Forward, Op::Backward}) {
     NormDesc d = make_desc(M, N, kMain[0], {});
     d.x_stride = d.y_stride = d.dy_stride = d.dx_stride = ld;
     CAPTURE(op_name(op));
@@ -208,7 +208,7 @@ TEST_CASE("64-bit offsets: row strides that leave the 32-bit range") {
     }
     rstd.upload();
     const std::vector<double>* ref = &y_ref;
-    if (op == Op::RmsForward) {
+    if (op == Op::Forward) {
       engine().rms_norm_forward(d, big_in.ptr(), w.ptr(), big_out.ptr(), static_cast<float*>(rstd.ptr()), nullptr);
     } else {
       // dy is g's rows placed in the output buffer's layout; dx overwrites it.
@@ -231,7 +231,7 @@ TEST_CASE("64-bit offsets: row strides that leave the 32-bit range") {
       for (std::int64_t j = 0; j < N; ++j) got.push_back(load_as(DType::BF16, row.data(), j));
     }
     CHECK(relative_error(got, *ref) <= tolerance(DType::BF16));
-    if (op == Op::RmsBackward) {
+    if (op == Op::Backward) {
       dw.download();
       CHECK(relative_error(dw.values(), dw_ref) <= tolerance(DType::BF16));
     }

@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -49,7 +50,7 @@ std::vector<KernelSpec> every_spec(const std::vector<NormDesc>& descs) {
     if (seen.insert(s.name()).second) specs.push_back(s);
   };
   for (const auto& d : descs) {
-    for (Op op : {Op::RmsForward, Op::RmsBackward})
+    for (Op op : {Op::Forward, Op::Backward})
       for (const auto& cfg : candidate_grid(op, d)) add(make_spec(op, d, cfg));
     add(finalize_spec(d));
   }
@@ -61,7 +62,7 @@ void check_contains_all(const std::string& text, const std::vector<std::string>&
 }
 
 KernelSpec bf16_4096_fwd() {
-  return make_spec(Op::RmsForward, make_desc(8192, 4096), LaunchConfig::parse("v8.t512.r1"));
+  return make_spec(Op::Forward, make_desc(8192, 4096), LaunchConfig::parse("v8.t512.r1"));
 }
 
 }  // namespace
@@ -106,26 +107,72 @@ TEST_CASE("nvrtc: every variant compiles for sm_80 and sm_90") {
   }
 }
 
+TEST_CASE("nvrtc: every norm-family variant compiles for sm_90") {
+  // LayerNorm, residual add, no weight / bias, offsets, casting modes, mixed
+  // dtypes and 3-D rows, on a narrow (many rows per program), a usual, a
+  // shared-memory-dweight and a two-pass row width.
+  // Every 48th config of each grid (the grids differ in their kernel paths
+  // by vec, tpr, rows, stages) and the heuristic one: the whole set takes
+  // minutes; the GPU tests run the rest.
+  std::vector<KernelSpec> specs;
+  std::set<std::string> seen;
+  for (auto [M, N, t] : {std::tuple{8192, 128, DType::BF16}, std::tuple{8192, 4096, DType::F16},
+                         std::tuple{4096, 12288, DType::BF16}, std::tuple{64, 65536, DType::F32}})
+    for (const auto& v : norm_variants(M, N, t))
+      for (Op op : {Op::Forward, Op::Backward}) {
+        const auto grid = candidate_grid(op, v.desc);
+        for (std::size_t i = 0; i < grid.size(); ++i)
+          if (i % 48 == 0 || grid[i] == heuristic_config(op, v.desc))
+            if (KernelSpec s = make_spec(op, v.desc, grid[i]); seen.insert(s.name()).second) specs.push_back(s);
+      }
+  MESSAGE(fmt::format("{} variant specs", specs.size()));
+  std::vector<std::string> failures(specs.size());
+  parallel_for(static_cast<int>(specs.size()), [&](int i) {
+    try {
+      if (!is_elf(compile_spec(specs[i], "sm_90", "").cubin)) failures[i] = "not an ELF file";
+    } catch (const Error& e) {
+      failures[i] = e.what();
+    }
+  });
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    CAPTURE(specs[i].name());
+    CHECK_MESSAGE(failures[i].empty(), failures[i]);
+  }
+}
+
 TEST_CASE("nvrtc: the generated source holds the spec's constants and includes its template") {
   const KernelSpec fwd = bf16_4096_fwd();
-  CHECK(fwd.name() == "rms_fwd.N4096.bf16.bf16.bf16.v8.t512.r1.i32.rstd");
-  CHECK(std::string(fwd.kernel_name()) == "normjit_rms_fwd");
+  CHECK(fwd.name() == "rms_fwd.x=bf16.y=bf16.w=bf16.rstd.N4096.v8.t512.r1.i32");
+  CHECK(std::string(fwd.kernel_name()) == "normjit_norm_fwd");
   CHECK(fwd.threads() == 512);
   check_contains_all(fwd.source(), {"N = 4096", "VEC = 8", "TPR = 512", "ROWS = 1", "TWO_PASS = false",
                                     "STORE_RSTD = true", "using x_t = nj::bf16_t", "using w_t = nj::bf16_t",
-                                    "using index_t = int;", "#include \"rmsnorm_fwd.cuh\"",
+                                    "using index_t = int;", "#include \"norm_fwd.cuh\"", "LAYERNORM = false",
                                     "#include \"common.cuh\"", fwd.name()});
 
   NormDesc d = make_desc(3000000, 1000, DType::F16, DType::F32);
   d.x_dtype = DType::F32;
-  const KernelSpec bwd = make_spec(Op::RmsBackward, d, LaunchConfig::parse("v4.t256.r1.2p"));
+  const KernelSpec bwd = make_spec(Op::Backward, d, LaunchConfig::parse("v4.t256.r1.2p"));
   CHECK(bwd.index64);
-  CHECK_FALSE(bwd.store_rstd);
-  CHECK(bwd.name() == "rms_bwd.N1000.fp32.fp16.fp32.v4.t256.r1.2p.i64");
+  CHECK_FALSE(bwd.v.store_rstd);
+  CHECK(bwd.name() == "rms_bwd.x=fp32.y=fp16.w=fp32.N1000.v4.t256.r1.2p.i64");
   check_contains_all(bwd.source(), {"N = 1000", "VEC = 4", "TPR = 256", "TWO_PASS = true", "STORE_RSTD = false",
                                     "using x_t = float", "using y_t = nj::half_t", "using index_t = long long",
-                                    "#include \"rmsnorm_bwd.cuh\""});
-  CHECK_FALSE(contains(bwd.source(), "rmsnorm_fwd.cuh"));
+                                    "#include \"norm_bwd.cuh\""});
+  CHECK_FALSE(contains(bwd.source(), "norm_fwd.cuh"));
+
+  // A LayerNorm variant: its switches reach the prelude and the name.
+  NormDesc ln = make_desc(64, 768, DType::F16, DType::F16);
+  ln.norm = NormKind::LayerNorm;
+  ln.has_bias = true;
+  ln.weight_offset = 1.f;
+  ln.residual = ln.store_residual_out = true;
+  ln.residual_dtype = ln.residual_out_dtype = DType::F32;
+  const KernelSpec lf = make_spec(Op::Forward, ln, LaunchConfig::parse("v4.t64.r1"));
+  check_contains_all(lf.source(), {"LAYERNORM = true", "HAS_B = true", "W_OFFSET = 0x1p+0f", "RESIDUAL = true",
+                                   "STORE_RES = true", "ROUND_RES = true", "using r_t = float", "using h_t = float",
+                                   "STORE_MEAN = true"});
+  CHECK(lf.name() == "ln_fwd.x=fp16.y=fp16.w=fp16.bias.off=1.res=fp32.ro=fp32.h=fp32.mean.rstd.N768.v4.t64.r1.i32");
 
   const KernelSpec fin = finalize_spec(make_desc(8, 64, DType::BF16, DType::F32));
   CHECK(fin.name() == "dw_finalize.fp32");
@@ -134,12 +181,12 @@ TEST_CASE("nvrtc: the generated source holds the spec's constants and includes i
 
   // 64-bit offsets exactly when an offset leaves the int range.
   const LaunchConfig c = LaunchConfig::parse("v8.t512.r1");
-  CHECK_FALSE(make_spec(Op::RmsForward, make_desc(524287, 4096), c).index64);
-  CHECK(make_spec(Op::RmsForward, make_desc(524288, 4096), c).index64);
+  CHECK_FALSE(make_spec(Op::Forward, make_desc(524287, 4096), c).index64);
+  CHECK(make_spec(Op::Forward, make_desc(524288, 4096), c).index64);
   NormDesc strided = make_desc(2, 4096);
   strided.y_stride = std::int64_t{1} << 31;
-  CHECK(make_spec(Op::RmsForward, strided, c).index64);
-  CHECK_FALSE(make_spec(Op::RmsBackward, strided, c).index64);  // y is not read backward
+  CHECK(make_spec(Op::Forward, strided, c).index64);
+  CHECK_FALSE(make_spec(Op::Backward, strided, c).index64);  // y is not read backward
 }
 
 TEST_CASE("nvrtc: binary_cache_key is stable and changes with arch, N, dtype and config") {
@@ -151,19 +198,19 @@ TEST_CASE("nvrtc: binary_cache_key is stable and changes with arch, N, dtype and
 
   std::vector<KernelSpec> variants(6, base);
   variants[0].N = 5120;
-  variants[1].x = DType::F16;
-  variants[2].w = DType::F32;
+  variants[1].v.x = DType::F16;
+  variants[2].v.w = DType::F32;
   variants[3].cfg.vec = 4;
   variants[4].index64 = true;
-  variants[5].store_rstd = false;
+  variants[5].v.store_rstd = false;
   std::set<std::string> keys = {key, binary_cache_key(base, "sm_80")};
   for (const auto& v : variants) keys.insert(binary_cache_key(v, "sm_90"));
   CHECK(keys.size() == variants.size() + 2);
 
   // programs_per_sm is a launch parameter: every value shares one cubin.
   const NormDesc d = make_desc(8192, 4096);
-  const KernelSpec p0 = make_spec(Op::RmsBackward, d, LaunchConfig::parse("v8.t512.r1"));
-  const KernelSpec p4 = make_spec(Op::RmsBackward, d, LaunchConfig::parse("v8.t512.r1.p4"));
+  const KernelSpec p0 = make_spec(Op::Backward, d, LaunchConfig::parse("v8.t512.r1"));
+  const KernelSpec p4 = make_spec(Op::Backward, d, LaunchConfig::parse("v8.t512.r1.p4"));
   CHECK(p4.name() == p0.name());
   CHECK(binary_cache_key(p4, "sm_90") == binary_cache_key(p0, "sm_90"));
 }
@@ -171,7 +218,7 @@ TEST_CASE("nvrtc: binary_cache_key is stable and changes with arch, N, dtype and
 TEST_CASE("nvrtc: the disk cache serves a second compile and replaces a damaged file") {
   const auto dir = make_temp_dir("kernels");
   const std::string kernel_dir = (*dir / "kernels").string();  // created on first write
-  const KernelSpec spec = make_spec(Op::RmsForward, make_desc(64, 128), LaunchConfig::parse("v8.t16.r2"));
+  const KernelSpec spec = make_spec(Op::Forward, make_desc(64, 128), LaunchConfig::parse("v8.t16.r2"));
 
   const KernelBinary first = compile_spec(spec, "sm_90", kernel_dir);
   CHECK_FALSE(first.from_disk);

@@ -130,7 +130,7 @@ std::string key_n(int n) {
   NormDesc d;
   d.M = 1024;
   d.N = 64 + n;
-  return shape_key(Op::RmsForward, d);
+  return shape_key(Op::Forward, d);
 }
 
 }  // namespace
@@ -152,11 +152,11 @@ TEST_CASE("tuned_cache: shape_key format") {
   NormDesc d;
   d.M = 8192;
   d.N = 4096;
-  CHECK(shape_key(Op::RmsForward, d) == "rms_fwd:x=bf16:y=bf16:w=bf16:N=4096:M<=8192:rstd");
+  CHECK(shape_key(Op::Forward, d) == "rms_fwd:x=bf16:y=bf16:w=bf16:rstd:N=4096:M<=8192");
   d.store_rstd = false;
-  CHECK(shape_key(Op::RmsForward, d) == "rms_fwd:x=bf16:y=bf16:w=bf16:N=4096:M<=8192");
+  CHECK(shape_key(Op::Forward, d) == "rms_fwd:x=bf16:y=bf16:w=bf16:N=4096:M<=8192");
   d.store_rstd = true;
-  CHECK(shape_key(Op::RmsBackward, d) == "rms_bwd:x=bf16:y=bf16:w=bf16:N=4096:M<=8192");
+  CHECK(shape_key(Op::Backward, d) == "rms_bwd:x=bf16:y=bf16:w=bf16:N=4096:M<=8192");
 
   d.M = 5000;
   d.N = 5120;
@@ -164,11 +164,11 @@ TEST_CASE("tuned_cache: shape_key format") {
   d.y_dtype = DType::F16;
   d.weight_dtype = DType::F32;
   d.x_stride = 6000;  // strides are not part of the key
-  CHECK(shape_key(Op::RmsForward, d) == "rms_fwd:x=fp32:y=fp16:w=fp32:N=5120:M<=8192:rstd");
+  CHECK(shape_key(Op::Forward, d) == "rms_fwd:x=fp32:y=fp16:w=fp32:rstd:N=5120:M<=8192");
   d.M = 0;
-  CHECK(shape_key(Op::RmsBackward, d) == "rms_bwd:x=fp32:y=fp16:w=fp32:N=5120:M<=0");
+  CHECK(shape_key(Op::Backward, d) == "rms_bwd:x=fp32:y=fp16:w=fp32:N=5120:M<=0");
   d.M = 1000000;
-  CHECK(shape_key(Op::RmsBackward, d) == "rms_bwd:x=fp32:y=fp16:w=fp32:N=5120:M<=65536");
+  CHECK(shape_key(Op::Backward, d) == "rms_bwd:x=fp32:y=fp16:w=fp32:N=5120:M<=65536");
 }
 
 TEST_CASE("tuned_cache: device fingerprint key and slug") {

@@ -11,8 +11,7 @@
 #include <fmt/format.h>
 
 namespace fs = std::filesystem;
-using normjit::DType;
-using normjit::NormDesc;
+using namespace normjit;
 
 namespace normjit_test {
 
@@ -26,6 +25,70 @@ NormDesc make_desc(std::int64_t M, std::int64_t N, DType xy, DType w) {
   d.x_dtype = d.y_dtype = xy;
   d.weight_dtype = w;
   return d;
+}
+
+std::vector<Variant> norm_variants(std::int64_t M, std::int64_t N, DType t, std::int64_t heads) {
+  // Each feature edits a descriptor; a variant is a norm plus a set of features.
+  using Edit = void (*)(NormDesc&);
+  const std::vector<std::pair<const char*, Edit>> features = {
+      {"nw", [](NormDesc& d) { d.has_weight = false; }},
+      {"nb", [](NormDesc& d) { d.has_bias = false; }},
+      {"off1", [](NormDesc& d) { d.weight_offset = 1.f; }},
+      {"llama", [](NormDesc& d) { d.cast_mode = CastMode::Llama; }},
+      {"gemma", [](NormDesc& d) { d.cast_mode = CastMode::Gemma; }},
+      {"res", [](NormDesc& d) { d.residual = d.store_residual_out = d.has_dresidual = true; }},
+      {"fp32sum", [](NormDesc& d) { d.residual_rounding = ResidualRounding::Fp32; }},
+      {"mixed", [](NormDesc& d) {  // every dtype its own
+         d.y_dtype = DType::F32;
+         d.weight_dtype = DType::F32;
+         d.residual_dtype = d.x_dtype == DType::F16 ? DType::BF16 : DType::F16;
+         d.residual_out_dtype = DType::F32;
+       }},
+      {"3d", [](NormDesc& d) {  // a view into a fused [tokens, 3 * heads, N] projection
+         d.x_stride = d.dx_stride = 3 * d.heads * d.N;
+       }},
+  };
+  const std::vector<std::pair<NormKind, std::vector<std::string>>> sets = {
+      {NormKind::RMSNorm, {}},
+      {NormKind::RMSNorm, {"nw"}},
+      {NormKind::RMSNorm, {"off1", "gemma"}},
+      {NormKind::RMSNorm, {"llama"}},
+      {NormKind::RMSNorm, {"res"}},
+      {NormKind::RMSNorm, {"res", "fp32sum", "mixed"}},
+      {NormKind::RMSNorm, {"3d"}},
+      {NormKind::LayerNorm, {}},
+      {NormKind::LayerNorm, {"nb"}},
+      {NormKind::LayerNorm, {"nw", "nb"}},
+      {NormKind::LayerNorm, {"nw"}},
+      {NormKind::LayerNorm, {"off1", "llama"}},
+      {NormKind::LayerNorm, {"res", "mixed"}},
+      {NormKind::LayerNorm, {"3d"}},
+  };
+  std::vector<Variant> out;
+  for (const auto& [norm, names] : sets) {
+    NormDesc d = make_desc(M, N, t, t);
+    d.norm = norm;
+    d.residual_dtype = d.residual_out_dtype = t;
+    if (norm == NormKind::LayerNorm) {
+      d.has_bias = true;
+      d.eps = 1e-5f;
+    }
+    std::string name = norm_kind_name(norm);
+    bool skip = false;
+    for (const auto& n : names) {
+      if (n == "3d") {
+        if (M % heads) skip = true;
+        d.heads = heads;
+      }
+      for (const auto& [fname, edit] : features)
+        if (n == fname) edit(d);
+      name += "." + n;
+    }
+    if (skip) continue;
+    d.validate();
+    out.push_back({name, d});
+  }
+  return out;
 }
 
 /// A fresh empty directory; removed with its contents when the last copy of

@@ -69,35 +69,23 @@ double median_us(const std::function<void(CUstream)>& fn, const DeviceBuffer& fl
   return t[t.size() / 2];
 }
 
-namespace {
-
-DeviceBuffer random_buffer(DType t, std::int64_t rows, std::int64_t ld, std::int64_t N, float lo, float hi,
-                           std::uint64_t seed) {
-  const std::size_t n = static_cast<std::size_t>(rows > 0 ? (rows - 1) * ld + N : 0);
-  std::vector<unsigned char> host(n * dtype_size(t));
+DeviceBuffer random_tensor(const TensorSpec& t, float lo, float hi, std::uint64_t seed) {
+  const std::size_t n = static_cast<std::size_t>(t.span());
+  std::vector<unsigned char> host(n * dtype_size(t.dtype));
   Random rng(seed);
-  for (std::size_t i = 0; i < n; ++i) store_as(t, host.data(), i, rng.uniform(lo, hi));
+  for (std::size_t i = 0; i < n; ++i) store_as(t.dtype, host.data(), i, rng.uniform(lo, hi));
   DeviceBuffer b(std::max<std::size_t>(host.size(), 16));
   if (!host.empty()) NJ_CU(cuMemcpyHtoD(b.get(), host.data(), host.size()));
   return b;
 }
 
-std::size_t tensor_bytes(DType t, std::int64_t rows, std::int64_t ld, std::int64_t N) {
-  return std::max<std::size_t>(16, static_cast<std::size_t>(rows > 0 ? (rows - 1) * ld + N : 0) * dtype_size(t));
-}
+namespace {
 
-std::vector<float> download(const DeviceBuffer& b, DType t, std::size_t n) {
-  std::vector<unsigned char> raw(n * dtype_size(t));
-  NJ_CU(cuCtxSynchronize());
-  if (n) NJ_CU(cuMemcpyDtoH(raw.data(), b.get(), raw.size()));
-  std::vector<float> out(n);
-  for (std::size_t i = 0; i < n; ++i) out[i] = load_as(t, raw.data(), i);
-  return out;
-}
+constexpr std::int64_t kCheckedRows = 4096;
 
 // Candidate outputs against the reference config's: a few roundings apart at
 // most (reduction order differs between configs); NaN (poison) never passes.
-std::string mismatch(const std::vector<float>& got, const std::vector<float>& ref, DType t, const char* what) {
+std::string mismatch(const std::vector<float>& got, const std::vector<float>& ref, DType t, const std::string& what) {
   double ss = 0;
   for (float r : ref) ss += static_cast<double>(r) * r;
   const double scale = std::sqrt(ss / std::max<std::size_t>(1, ref.size()));
@@ -110,26 +98,80 @@ std::string mismatch(const std::vector<float>& got, const std::vector<float>& re
   return {};
 }
 
+// Value ranges of the random inputs: activations around 0, weights around 1,
+// statistics as a forward would give them.
+std::pair<float, float> input_range(const std::string& name) {
+  if (name == "weight") return {0.5f, 1.5f};
+  if (name == "bias" || name == "mean") return {-0.5f, 0.5f};
+  if (name == "rstd") return {0.5f, 1.0f};
+  if (name == "dy" || name == "dresidual") return {-1.f, 1.f};
+  return {-2.f, 2.f};
+}
+
 }  // namespace
 
-Scratch::Scratch(Op op, const NormDesc& d, std::uint64_t seed) {
-  x = random_buffer(d.x_dtype, d.M, d.x_ld(), d.N, -2.f, 2.f, seed);
-  w = random_buffer(d.weight_dtype, 1, d.N, d.N, 0.5f, 1.5f, seed + 1);
-  if (op == Op::RmsForward) {
-    y = DeviceBuffer(tensor_bytes(d.y_dtype, d.M, d.y_ld(), d.N));
-    rstd = DeviceBuffer(std::max<std::size_t>(16, d.M * sizeof(float)));
-  } else {
-    dy = random_buffer(d.y_dtype, d.M, d.dy_ld(), d.N, -1.f, 1.f, seed + 2);
-    rstd = random_buffer(DType::F32, 1, d.M, d.M, 0.5f, 1.0f, seed + 3);
-    dx = DeviceBuffer(tensor_bytes(d.x_dtype, d.M, d.dx_ld(), d.N));
-    dw = DeviceBuffer(tensor_bytes(d.weight_dtype, 1, d.N, d.N));
+Scratch::Scratch(Op op, const NormDesc& d, std::uint64_t seed) : specs(op_tensors(op, d)) {
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const TensorSpec& t = specs[i];
+    if (t.output) {
+      buf.emplace(t.name, DeviceBuffer(std::max<std::size_t>(16, t.span() * dtype_size(t.dtype))));
+    } else {
+      auto [lo, hi] = input_range(t.name);
+      buf.emplace(t.name, random_tensor(t, lo, hi, seed + i));
+    }
   }
 }
 
-void Scratch::poison(Op op, const NormDesc&) const {
-  for (const DeviceBuffer* b : op == Op::RmsForward ? std::vector<const DeviceBuffer*>{&y, &rstd}
-                                                    : std::vector<const DeviceBuffer*>{&dx, &dw})
-    NJ_CU(cuMemsetD8Async(b->get(), 0xff, b->bytes(), nullptr));
+void* Scratch::ptr(const std::string& name) const {
+  auto it = buf.find(name);
+  return it == buf.end() ? nullptr : it->second.ptr();
+}
+
+ForwardTensors Scratch::forward_tensors() const {
+  ForwardTensors t;
+  t.x = ptr("x");
+  t.residual = ptr("residual");
+  t.weight = ptr("weight");
+  t.bias = ptr("bias");
+  t.y = ptr("y");
+  t.residual_out = ptr("residual_out");
+  t.mean = static_cast<float*>(ptr("mean"));
+  t.rstd = static_cast<float*>(ptr("rstd"));
+  return t;
+}
+
+BackwardTensors Scratch::backward_tensors() const {
+  BackwardTensors t;
+  t.dy = ptr("dy");
+  t.x = ptr("x");
+  t.weight = ptr("weight");
+  t.mean = static_cast<const float*>(ptr("mean"));
+  t.rstd = static_cast<const float*>(ptr("rstd"));
+  t.dresidual = ptr("dresidual");
+  t.dx = ptr("dx");
+  t.dweight = ptr("dweight");
+  t.dbias = ptr("dbias");
+  t.workspace = workspace.bytes() ? workspace.ptr() : nullptr;
+  t.workspace_bytes = workspace.bytes();
+  return t;
+}
+
+void Scratch::poison() const {
+  for (const auto& t : specs)
+    if (t.output) NJ_CU(cuMemsetD8Async(buf.at(t.name).get(), 0xff, buf.at(t.name).bytes(), nullptr));
+}
+
+std::vector<float> Scratch::download(const std::string& name, std::int64_t max_rows) const {
+  TensorSpec t = *std::find_if(specs.begin(), specs.end(), [&](const TensorSpec& s) { return s.name == name; });
+  t.rows = std::min(t.rows, max_rows);
+  std::vector<unsigned char> raw(static_cast<std::size_t>(t.span()) * dtype_size(t.dtype));
+  NJ_CU(cuCtxSynchronize());
+  if (!raw.empty()) NJ_CU(cuMemcpyDtoH(raw.data(), buf.at(name).get(), raw.size()));
+  std::vector<float> out;
+  out.reserve(static_cast<std::size_t>(t.rows * t.cols));
+  for (std::int64_t r = 0; r < t.rows; ++r)
+    for (std::int64_t j = 0; j < t.cols; ++j) out.push_back(load_as(t.dtype, raw.data(), t.offset(r) + j));
+  return out;
 }
 
 TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCache& jit,
@@ -180,42 +222,36 @@ TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCa
     if (!ct.rejected.empty()) kernels[i].reset();
     res.candidates.push_back(ct);
   }
-  const auto fin = op == Op::RmsBackward ? jit.get(finalize_spec(desc), dev.arch()) : nullptr;
+  const auto fin = op == Op::Backward ? jit.get(finalize_spec(desc), dev.arch()) : nullptr;
 
   // 3. The reference config's outputs on random data.
   Scratch s(op, desc, 0x5eed0000u + static_cast<std::uint64_t>(desc.N));
-  std::size_t ws_bytes = 16;
+  std::size_t ws_bytes = 0;
   for (const auto& k : kernels)
-    if (k && op == Op::RmsBackward)
+    if (k && op == Op::Backward)
       ws_bytes = std::max(ws_bytes, backward_workspace_bytes(backward_geometry(*k, desc, {}, dev.sm_count), desc));
-  s.workspace = DeviceBuffer(ws_bytes);
+  if (ws_bytes) s.workspace = DeviceBuffer(ws_bytes);
+  const ForwardTensors ft = s.forward_tensors();
+  const BackwardTensors bt = s.backward_tensors();
   auto run = [&](int i, CUstream st) {
     const LoadedKernel& k = *kernels[i];
-    if (op == Op::RmsForward)
-      launch_forward(k, desc, {s.x.get(), s.w.get(), s.y.get(), desc.store_rstd ? s.rstd.get() : 0}, dev.sm_count, st);
+    if (op == Op::Forward)
+      launch_forward(k, desc, ft, dev.sm_count, st);
     else
-      launch_backward(k, *fin, desc, {s.dy.get(), s.x.get(), s.w.get(), s.rstd.get(), s.dx.get(), s.dw.get(), s.workspace.get()},
-                      backward_geometry(k, desc, grid[i], dev.sm_count), st);
+      launch_backward(k, *fin, desc, bt, backward_geometry(k, desc, grid[i], dev.sm_count), st);
   };
-  const DType out_t = op == Op::RmsForward ? desc.y_dtype : desc.x_dtype;
-  const DeviceBuffer& out = op == Op::RmsForward ? s.y : s.dx;
-  const std::size_t out_n = static_cast<std::size_t>(
-      desc.M > 0 ? (desc.M - 1) * (op == Op::RmsForward ? desc.y_ld() : desc.dx_ld()) + desc.N : 0);
+  std::vector<const TensorSpec*> outs;
+  for (const auto& t : s.specs)
+    if (t.output) outs.push_back(&t);
   auto outputs = [&](int i) {
-    s.poison(op, desc);
+    s.poison();
     run(i, nullptr);
-    std::vector<std::vector<float>> o{download(out, out_t, out_n)};
-    if (op == Op::RmsForward && desc.store_rstd) o.push_back(download(s.rstd, DType::F32, desc.M));
-    if (op == Op::RmsBackward) o.push_back(download(s.dw, desc.weight_dtype, desc.N));
-    // Padding between rows of a strided output is not written: compare rows only.
-    if (desc.M > 0) {
-      const std::int64_t ld = op == Op::RmsForward ? desc.y_ld() : desc.dx_ld();
-      std::vector<float> rows;
-      rows.reserve(desc.M * desc.N);
-      for (std::int64_t r = 0; r < desc.M; ++r)
-        rows.insert(rows.end(), o[0].begin() + r * ld, o[0].begin() + r * ld + desc.N);
-      o[0] = std::move(rows);
-    }
+    std::vector<std::vector<float>> o;
+    // Rows are independent, so the first rows (and every vector, dweight
+    // included, which sums all rows) tell a wrong config from a right one;
+    // converting every row of a large shape for each candidate would make
+    // tuning it take minutes.
+    for (const TensorSpec* t : outs) o.push_back(s.download(t->name, kCheckedRows));
     return o;
   };
   // The reference is the heuristic config, or, when the compiler rejected it
@@ -225,7 +261,7 @@ TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCa
     ref_i = static_cast<int>(std::find_if(kernels.begin(), kernels.end(), [](const auto& k) { return k != nullptr; }) -
                              kernels.begin());
   if (ref_i == total)
-    throw Error(ErrorKind::Tuning, "no candidate compiled and fits the device", op_name(op), desc.str());
+    throw Error(ErrorKind::Tuning, "no candidate compiled and fits the device", op_label(op, desc.norm), desc.str());
   const auto ref = outputs(ref_i);
 
   // 4. Check, then time, every survivor.
@@ -234,10 +270,8 @@ TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCa
     auto& ct = res.candidates[i];
     if (!kernels[i]) continue;
     const auto got = outputs(i);
-    const char* names[] = {op == Op::RmsForward ? "y" : "dx", op == Op::RmsForward ? "rstd" : "dweight"};
-    const DType types[] = {out_t, op == Op::RmsForward ? DType::F32 : desc.weight_dtype};
     for (std::size_t j = 0; j < ref.size() && ct.rejected.empty(); ++j)
-      ct.rejected = mismatch(got[j], ref[j], types[j], names[j]);
+      ct.rejected = mismatch(got[j], ref[j], outs[j]->dtype, outs[j]->name);
     if (!ct.rejected.empty()) continue;
     ct.median_us = median_us([&](CUstream st) { run(i, st); }, flush);
     report(i + 1, fmt::format("timed {} {:.2f} us", ct.config.str(), ct.median_us));
@@ -245,7 +279,7 @@ TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCa
 
   // 5. Fastest, with ties going to the simpler config.
   const int w = pick_winner(res.candidates);
-  if (w < 0) throw Error(ErrorKind::Tuning, "no candidate passed", op_name(op), desc.str());
+  if (w < 0) throw Error(ErrorKind::Tuning, "no candidate passed", op_label(op, desc.norm), desc.str());
   res.winner = res.candidates[w].config;
   res.winner_us = res.candidates[w].median_us;
   return res;

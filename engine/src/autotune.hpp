@@ -3,12 +3,15 @@
 
 #include <cuda.h>
 
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "driver.hpp"
 #include "jit.hpp"
+#include "tensors.hpp"
 
 namespace normjit::detail {
 
@@ -21,14 +24,26 @@ double median_us(const std::function<void(CUstream)>& fn, const DeviceBuffer& fl
 /// A device buffer of at least twice the L2 size, for median_us.
 DeviceBuffer make_flush_buffer(const DeviceInfo& dev);
 
-/// Scratch tensors of one shape, filled with random data (fixed seed), plus
-/// the outputs of `op`.
+/// Device buffers for every tensor of `op` on `desc` (op_tensors), inputs
+/// filled with random data (fixed seed), plus a workspace.
 struct Scratch {
-  DeviceBuffer x, w, y, rstd, dy, dx, dw, workspace;
+  std::vector<TensorSpec> specs;
+  std::map<std::string, DeviceBuffer> buf;
+  DeviceBuffer workspace;
   Scratch(Op op, const NormDesc& d, std::uint64_t seed);
+  /// The device address of tensor `name`, or null when the op has none.
+  void* ptr(const std::string& name) const;
+  ForwardTensors forward_tensors() const;
+  BackwardTensors backward_tensors() const;
   /// Fills the outputs with NaN bit patterns (0xFF bytes).
-  void poison(Op op, const NormDesc& d) const;
+  void poison() const;
+  /// The elements of tensor `name` (its rows only, not the gaps between
+  /// them), as floats; of a row tensor, its first `max_rows` rows at most.
+  std::vector<float> download(const std::string& name, std::int64_t max_rows = INT64_MAX) const;
 };
+
+/// A device buffer of `t`'s span filled with uniform random values in [lo, hi).
+DeviceBuffer random_tensor(const TensorSpec& t, float lo, float hi, std::uint64_t seed);
 
 /// Progress callback: (done, total, text).
 using ProgressFn = std::function<void(int, int, const std::string&)>;

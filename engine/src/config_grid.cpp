@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "specialization.hpp"
 #include "tuned_cache.hpp"
 
 namespace normjit::detail {
@@ -19,8 +20,11 @@ std::int64_t next_pow2(std::int64_t v) {
 constexpr int kBlockSizes[] = {128, 256, 512, 1024};
 }  // namespace
 
-int max_vec(const NormDesc& d) {
-  const int widest = std::max({dtype_size(d.x_dtype), dtype_size(d.y_dtype), dtype_size(d.weight_dtype)});
+int max_vec(Op op, const NormDesc& d) {
+  // Every tensor the kernel moves in vectors (unused dtypes equal x's).
+  const Variant v = make_variant(op, d);
+  const int widest = std::max({dtype_size(v.x), dtype_size(v.y), dtype_size(v.w), dtype_size(v.r), dtype_size(v.ro),
+                               dtype_size(v.dx)});
   return static_cast<int>(std::min<std::int64_t>(16 / widest, next_pow2(d.N)));
 }
 
@@ -34,15 +38,17 @@ struct Share {
 Share thread_share(Op op, const NormDesc& d, const LaunchConfig& c) {
   const std::int64_t per_thread = ceil_div(ceil_div(d.N, c.vec), c.threads_per_row) * c.vec;
   const int full_block = c.threads() == 1024 ? 2 : 1;
-  const bool regs = op == Op::RmsForward
-                        ? per_thread * dtype_size(d.x_dtype) * full_block <= kFwdCacheBytesPerThread
+  // Forward rows are cached as h_t (x's dtype, or the residual sum's).
+  const bool regs = op == Op::Forward
+                        ? per_thread * dtype_size(make_variant(op, d).h) * full_block <= kFwdCacheBytesPerThread
                         : per_thread * full_block <= kBwdCachedElemsPerThread;
   return {per_thread, regs};
 }
 }  // namespace
 
 bool dweight_in_smem(Op op, const NormDesc& d, const LaunchConfig& c) {
-  return op == Op::RmsBackward && !c.two_pass && !thread_share(op, d, c).in_registers;
+  return op == Op::Backward && !c.two_pass && !thread_share(op, d, c).in_registers &&
+         make_variant(op, d).partials() > 0;
 }
 
 bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* why) {
@@ -51,7 +57,8 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
     return false;
   };
   auto pow2 = [](int v) { return v > 0 && (v & (v - 1)) == 0; };
-  if (!pow2(c.vec) || c.vec > max_vec(d)) return no(fmt::format("vec {} is not a power of two <= {}", c.vec, max_vec(d)));
+  const int vmax = max_vec(op, d);
+  if (!pow2(c.vec) || c.vec > vmax) return no(fmt::format("vec {} is not a power of two <= {}", c.vec, vmax));
   if (!pow2(c.threads_per_row) || !pow2(c.rows_per_pid)) return no("threads_per_row and rows_per_pid must be powers of two");
   const int threads = c.threads();
   if (threads < 32 || threads > 1024) return no(fmt::format("block of {} threads is outside [32, 1024]", threads));
@@ -61,7 +68,7 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
   const int full_block = threads == 1024 ? 2 : 1;
   // A staged backward row may still be cached when its dw sums and weight
   // move to shared memory (the stages' budget below covers them).
-  const bool smem_dw = op == Op::RmsBackward && !in_registers && c.rows_per_pid == 1 && c.stages >= 2 &&
+  const bool smem_dw = op == Op::Backward && !in_registers && c.rows_per_pid == 1 && c.stages >= 2 &&
                        per_thread * full_block <= 2 * kBwdCachedElemsPerThread;
   const bool fits = in_registers || smem_dw;
   if (c.two_pass) {
@@ -70,15 +77,18 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
   } else if (!fits) {
     return no(fmt::format("{} elements per thread exceed the register budget", per_thread));
   }
-  if (op == Op::RmsBackward && c.rows_per_pid > 1 && d.N * 4 > 32768) return no("dweight staging exceeds 32 KiB of shared memory");
-  if (c.programs_per_sm < 0 || (op == Op::RmsForward && c.programs_per_sm != 0))
+  const Variant v = make_variant(op, d);
+  // Row groups add their dw / db shares through static shared memory.
+  if (op == Op::Backward && c.rows_per_pid > 1 && v.partials() * d.N * 4 > 32768)
+    return no("dweight staging exceeds 32 KiB of shared memory");
+  if (c.programs_per_sm < 0 || (op == Op::Forward && c.programs_per_sm != 0))
     return no("programs_per_sm is a backward launch parameter >= 0");
   if (c.stages != 0) {
-    if (op != Op::RmsBackward || c.two_pass || c.stages < 2) return no("stages (>= 2) are for one-pass backward only");
+    if (op != Op::Backward || c.two_pass || c.stages < 2) return no("stages (>= 2) are for one-pass backward only");
     if (d.N % (c.vec * c.threads_per_row)) return no("staged rows must split into whole chunks");
-    if (c.vec * std::min(dtype_size(d.x_dtype), dtype_size(d.y_dtype)) < 4) return no("cp.async moves 4 bytes or more");
-    if (static_cast<std::int64_t>(c.stages) * c.rows_per_pid * d.N * (dtype_size(d.x_dtype) + dtype_size(d.y_dtype)) +
-            (smem_dw ? d.N * (4 + dtype_size(d.weight_dtype)) : 0) >
+    if (c.vec * std::min(dtype_size(v.x), dtype_size(v.y)) < 4) return no("cp.async moves 4 bytes or more");
+    if (static_cast<std::int64_t>(c.stages) * c.rows_per_pid * d.N * (dtype_size(v.x) + dtype_size(v.y)) +
+            (smem_dw ? d.N * (4 * v.partials() + (v.has_w ? dtype_size(v.w) : 0)) : 0) >
         kMaxStageBytes)
       return no("stages exceed the shared-memory budget");
   }
@@ -87,7 +97,7 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
 
 std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& d) {
   std::vector<LaunchConfig> out;
-  const int vmax = max_vec(d);
+  const int vmax = max_vec(op, d);
   const std::int64_t mb = std::max<std::int64_t>(1, m_bucket(d.M));
   for (int vec : {vmax, vmax / 2}) {
     if (vec < 1 || (vec == vmax / 2 && vmax == 1)) continue;
@@ -103,8 +113,8 @@ std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& d) {
           // Rows per program beyond what M needs only idle threads, but keep
           // the smallest block for each tpr.
           if (c.rows_per_pid > mb && threads > std::max(32, tpr)) continue;
-          for (int st : op == Op::RmsBackward ? std::vector<int>{0, 2, 3} : std::vector<int>{0})
-            for (int p : op == Op::RmsBackward ? std::vector<int>{0, 1, 2, 4} : std::vector<int>{0}) {
+          for (int st : op == Op::Backward ? std::vector<int>{0, 2, 3} : std::vector<int>{0})
+            for (int p : op == Op::Backward ? std::vector<int>{0, 1, 2, 4} : std::vector<int>{0}) {
               c.stages = st;
               c.programs_per_sm = p;
               if (config_valid(op, d, c) && std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
@@ -120,7 +130,7 @@ std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& d) {
 
 LaunchConfig heuristic_config(Op op, const NormDesc& d) {
   const auto grid = candidate_grid(op, d);
-  const int vmax = max_vec(d);
+  const int vmax = max_vec(op, d);
   const std::int64_t chunks = ceil_div(d.N, vmax);
   // Aim for ~2 vectors per thread on long rows, one on short rows; ~256
   // threads per program.
@@ -130,17 +140,17 @@ LaunchConfig heuristic_config(Op op, const NormDesc& d) {
   for (const auto& c : grid) {
     const std::int64_t score = 4 * std::llabs(static_cast<long long>(c.threads_per_row) - want_tpr) +
                                std::llabs(c.threads() - 256L) + (c.vec != vmax ? 100000 : 0) +
-                               (op == Op::RmsBackward && c.programs_per_sm != 2 ? 1 : 0);
+                               (op == Op::Backward && c.programs_per_sm != 2 ? 1 : 0);
     if (score < best_score) {
       best_score = score;
       best = &c;
     }
   }
-  if (!best) throw Error(ErrorKind::InvalidArgument, "no launch config exists", op_name(op), d.str());
+  if (!best) throw Error(ErrorKind::InvalidArgument, "no launch config exists", op_label(op, d.norm), d.str());
   return *best;
 }
 
-LaunchConfig fit_alignment(const LaunchConfig& cfg, const NormDesc& d,
+LaunchConfig fit_alignment(const LaunchConfig& cfg, Op op, const NormDesc& d,
                            const std::vector<std::pair<const void*, DType>>& pointers,
                            const std::vector<std::int64_t>& strides) {
   LaunchConfig c = cfg;
@@ -152,7 +162,7 @@ LaunchConfig fit_alignment(const LaunchConfig& cfg, const NormDesc& d,
     return true;
   };
   while (c.vec > 1 && !aligned(c.vec)) c.vec /= 2;
-  if (c.stages && !config_valid(Op::RmsBackward, d, c)) c.stages = 0;
+  if (c.stages && !config_valid(op, d, c)) c.stages = 0;
   return c;
 }
 
@@ -164,7 +174,7 @@ Geometry launch_geometry(Op op, const NormDesc& d, const LaunchConfig& c, int sm
   Geometry g;
   g.block = static_cast<unsigned>(c.threads());
   const std::int64_t programs = ceil_div(d.M, c.rows_per_pid);
-  if (op == Op::RmsForward) {
+  if (op == Op::Forward) {
     g.grid = static_cast<unsigned>(programs);
   } else {
     const int per_sm = c.programs_per_sm ? std::min(c.programs_per_sm, blocks_per_sm) : blocks_per_sm;

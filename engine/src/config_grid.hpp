@@ -11,7 +11,7 @@
 namespace normjit::detail {
 
 /// Per-thread register budget for caching a row, in bytes of the row's
-/// dtype (forward: x; backward: fp32 weight + fp32 dw share). A block of
+/// dtype (forward: x, or the residual sum; backward: elements of x and dy). A block of
 /// 1024 threads gets half: it may use 64 registers a thread at most.
 inline constexpr int kFwdCacheBytesPerThread = 128;
 inline constexpr int kBwdCachedElemsPerThread = 16;
@@ -24,8 +24,8 @@ inline constexpr int kMaxStageBytes = 224 * 1024;
 /// register budget. The spec and the config rules both ask this function.
 bool dweight_in_smem(Op op, const NormDesc& desc, const LaunchConfig& cfg);
 
-/// The largest vec (elements) allowed for `desc`'s dtypes: 16-byte accesses.
-int max_vec(const NormDesc& desc);
+/// The largest vec (elements) allowed for the dtypes `op` moves: 16-byte accesses.
+int max_vec(Op op, const NormDesc& desc);
 
 /// Every candidate config for `op` on `desc`, after the rules that need no
 /// compiler: vec <= 16 bytes and <= N; threads_per_row no wider than the row
@@ -47,7 +47,7 @@ LaunchConfig heuristic_config(Op op, const NormDesc& desc);
 /// Lowers cfg.vec until every pointer and row stride is aligned to a whole
 /// vector (the vectors are single 4/8/16-byte accesses), and drops cp.async
 /// stages when a chunk becomes narrower than 4 bytes; keeps the rest.
-LaunchConfig fit_alignment(const LaunchConfig& cfg, const NormDesc& desc,
+LaunchConfig fit_alignment(const LaunchConfig& cfg, Op op, const NormDesc& desc,
                            const std::vector<std::pair<const void*, DType>>& pointers,
                            const std::vector<std::int64_t>& strides);
 

@@ -44,8 +44,11 @@ std::string utc_now() {
   return buf;
 }
 
-void require(bool ok, const char* what, Op op, const NormDesc& d) {
-  if (!ok) throw Error(ErrorKind::InvalidArgument, fmt::format("{} = null: a device pointer is required", what), op_name(op), d.str());
+// Pointers the descriptor asks for must be there, and only those are used.
+void require(bool ok, const char* what, const char* why, Op op, const NormDesc& d) {
+  if (!ok)
+    throw Error(ErrorKind::InvalidArgument, fmt::format("{} = null: a device pointer is required ({})", what, why),
+                op_label(op, d.norm), d.str());
 }
 
 }  // namespace
@@ -115,7 +118,7 @@ struct Engine::Impl {
     ProgressFn progress;
     if (opt.verbose)
       progress = [&](int done, int total, const std::string& text) {
-        std::fprintf(stderr, "\rnormjit: tuning %s %s [%d/%d] %-40s", op_name(op), d.str().c_str(), done, total,
+        std::fprintf(stderr, "\rnormjit: tuning %s %s [%d/%d] %-40s", op_label(op, d.norm).c_str(), d.str().c_str(), done, total,
                      text.c_str());
         if (done == total) std::fprintf(stderr, "\n");
       };
@@ -177,17 +180,10 @@ LaunchConfig Engine::config_for(Op op, const NormDesc& d, ConfigSource* source) 
 
 TuneResult Engine::tune(Op op, const NormDesc& d) {
   d.validate();
-  if (d.M == 0) throw Error(ErrorKind::InvalidArgument, "M = 0: nothing to tune", op_name(op), d.str());
+  if (d.M == 0) throw Error(ErrorKind::InvalidArgument, "M = 0: nothing to tune", op_label(op, d.norm), d.str());
   std::lock_guard<std::mutex> lk(impl_->mu);
   return impl_->tune_and_store(impl_->state(), op, d);
 }
-
-namespace {
-// A null device pointer is bad input: name it before anything runs.
-void require_all(Op op, const NormDesc& d, std::initializer_list<std::pair<const void*, const char*>> ptrs) {
-  for (auto [p, name] : ptrs) require(p, name, op, d);
-}
-}  // namespace
 
 Engine::Impl::Launch Engine::Impl::prepare(Op op, const NormDesc& d) {
   std::lock_guard<std::mutex> lk(mu);
@@ -197,65 +193,139 @@ Engine::Impl::Launch Engine::Impl::prepare(Op op, const NormDesc& d) {
 
 void Engine::Impl::attach_context(const Error& e, Op op, const NormDesc& d, const LaunchConfig& cfg) {
   if (dynamic_cast<const CompileError*>(&e) || !e.op().empty()) throw;
-  throw Error(e.kind(), e.message(), op_name(op), d.str(), cfg.str(), e.where());
+  throw Error(e.kind(), e.message(), op_label(op, d.norm), d.str(), cfg.str(), e.where());
 }
 
-void Engine::rms_norm_forward(const NormDesc& d, const void* x, const void* weight, void* y, float* rstd,
-                              CUstream stream) {
-  constexpr Op op = Op::RmsForward;
+void Engine::forward(const NormDesc& d, const ForwardTensors& t, CUstream stream) {
+  constexpr Op op = Op::Forward;
   d.validate();
   if (d.M == 0) return;
-  require_all(op, d, {{x, "x"}, {weight, "weight"}, {y, "y"}});
-  if (d.store_rstd) require(rstd, "rstd", op, d);
+  const bool ln = d.norm == NormKind::LayerNorm;
+  require(t.x, "x", "always", op, d);
+  require(t.y, "y", "always", op, d);
+  if (d.has_weight) require(t.weight, "weight", "has_weight", op, d);
+  if (d.has_bias) require(t.bias, "bias", "has_bias", op, d);
+  if (d.residual) require(t.residual, "residual", "residual", op, d);
+  if (d.store_residual_out) require(t.residual_out, "residual_out", "store_residual_out", op, d);
+  if (d.store_rstd) require(t.rstd, "rstd", "store_rstd", op, d);
+  if (ln && d.store_mean) require(t.mean, "mean", "store_mean", op, d);
+  // Unused pointers are dropped: the kernel never sees them.
+  ForwardTensors u = t;
+  if (!d.has_weight) u.weight = nullptr;
+  if (!d.has_bias) u.bias = nullptr;
+  if (!d.residual) u.residual = nullptr;
+  if (!d.store_residual_out) u.residual_out = nullptr;
+  if (!d.store_rstd) u.rstd = nullptr;
+  if (!ln || !d.store_mean) u.mean = nullptr;
   Impl::Launch l;
   try {
     l = impl_->prepare(op, d);
-    l.cfg = fit_alignment(l.cfg, d, {{x, d.x_dtype}, {weight, d.weight_dtype}, {y, d.y_dtype}}, {d.x_ld(), d.y_ld()});
+    l.cfg = fit_alignment(l.cfg, op, d,
+                          {{u.x, d.x_dtype}, {u.y, d.y_dtype}, {u.weight, d.weight_dtype}, {u.bias, d.weight_dtype},
+                           {u.residual, d.residual_dtype}, {u.residual_out, d.residual_out_dtype}},
+                          {d.x_ld(), d.x_hs(), d.y_ld(), d.y_hs(), d.residual ? d.residual_ld() : 0,
+                           d.store_residual_out ? d.residual_out_ld() : 0});
     auto k = impl_->jit.get(make_spec(op, d, l.cfg), l.arch);
-    auto p = [](const void* v) { return reinterpret_cast<CUdeviceptr>(v); };
-    launch_forward(*k, d, {p(x), p(weight), p(y), p(d.store_rstd ? rstd : nullptr)}, l.sm_count, stream);
+    launch_forward(*k, d, u, l.sm_count, stream);
   } catch (const Error& e) {
     impl_->attach_context(e, op, d, l.cfg);
   }
 }
 
-std::size_t Engine::rms_norm_backward_workspace_size(const NormDesc& d) {
+std::size_t Engine::backward_workspace_size(const NormDesc& d) {
   d.validate();
-  if (d.M == 0) return 0;
+  if (d.M == 0 || make_variant(Op::Backward, d).partials() == 0) return 0;
   // The workspace is one partial row per program of the persistent grid.
-  const Impl::Launch l = impl_->prepare(Op::RmsBackward, d);
-  auto k = impl_->jit.get(make_spec(Op::RmsBackward, d, l.cfg), l.arch);
+  const Impl::Launch l = impl_->prepare(Op::Backward, d);
+  auto k = impl_->jit.get(make_spec(Op::Backward, d, l.cfg), l.arch);
   return backward_workspace_bytes(backward_geometry(*k, d, l.cfg, l.sm_count), d);
 }
 
-void Engine::rms_norm_backward(const NormDesc& d, const void* dy, const void* x, const void* weight,
-                               const float* rstd, void* dx, void* dweight, void* workspace,
-                               std::size_t workspace_bytes, CUstream stream) {
-  constexpr Op op = Op::RmsBackward;
+void Engine::backward(const NormDesc& d, const BackwardTensors& t, CUstream stream) {
+  constexpr Op op = Op::Backward;
   d.validate();
   if (d.M == 0) return;
-  require_all(op, d, {{dy, "dy"}, {x, "x"}, {weight, "weight"}, {rstd, "rstd"}, {dx, "dx"}, {dweight, "dweight"},
-                      {workspace, "workspace"}});
+  const bool ln = d.norm == NormKind::LayerNorm;
+  require(t.dy, "dy", "always", op, d);
+  require(t.x, "x", d.residual ? "h = residual_out of the forward" : "always", op, d);
+  require(t.rstd, "rstd", "always", op, d);
+  require(t.dx, "dx", "always", op, d);
+  if (ln) require(t.mean, "mean", "LayerNorm", op, d);
+  if (d.has_weight) {
+    require(t.weight, "weight", "has_weight", op, d);
+    require(t.dweight, "dweight", "has_weight", op, d);
+  }
+  if (ln && d.has_bias) require(t.dbias, "dbias", "has_bias", op, d);
+  if (d.has_dresidual) require(t.dresidual, "dresidual", "has_dresidual", op, d);
+  if (make_variant(op, d).partials() > 0) require(t.workspace, "workspace", "dweight / dbias partial sums", op, d);
+  BackwardTensors u = t;
+  if (!ln) u.mean = nullptr;
+  if (!d.has_weight) u.weight = u.dweight = nullptr;
+  if (!ln || !d.has_bias) u.dbias = nullptr;
+  if (!d.has_dresidual) u.dresidual = nullptr;
+  const DType xt = d.normed_dtype();
   Impl::Launch l;
   try {
     l = impl_->prepare(op, d);
     // The grid comes from the resolved config, the kernel from the one that
     // fits the pointers' alignment.
     const Geometry g = backward_geometry(*impl_->jit.get(make_spec(op, d, l.cfg), l.arch), d, l.cfg, l.sm_count);
-    l.cfg = fit_alignment(l.cfg, d, {{dy, d.y_dtype}, {x, d.x_dtype}, {weight, d.weight_dtype}, {dx, d.x_dtype}},
-                          {d.dy_ld(), d.x_ld(), d.dx_ld()});
+    const std::size_t need = backward_workspace_bytes(g, d);
+    if (u.workspace_bytes < need)
+      throw Error(ErrorKind::InvalidArgument,
+                  fmt::format("workspace_bytes = {} is too small: {} needed (backward_workspace_size)",
+                              u.workspace_bytes, need));
+    l.cfg = fit_alignment(l.cfg, op, d,
+                          {{u.dy, d.y_dtype}, {u.x, xt}, {u.weight, d.weight_dtype}, {u.dx, d.x_dtype},
+                           {u.dresidual, d.residual_out_dtype}},
+                          {d.dy_ld(), d.dy_hs(), d.residual ? d.residual_out_ld() : d.x_ld(), d.x_hs(), d.dx_ld(),
+                           d.dx_hs(), d.has_dresidual ? d.dresidual_ld() : 0});
     auto k = impl_->jit.get(make_spec(op, d, l.cfg), l.arch);
     auto fin = impl_->jit.get(finalize_spec(d), l.arch);
-    const std::size_t need = backward_workspace_bytes(g, d);
-    if (workspace_bytes < need)
-      throw Error(ErrorKind::InvalidArgument,
-                  fmt::format("workspace_bytes = {} is too small: {} needed (rms_norm_backward_workspace_size)",
-                              workspace_bytes, need));
-    auto p = [](const void* v) { return reinterpret_cast<CUdeviceptr>(v); };
-    launch_backward(*k, *fin, d, {p(dy), p(x), p(weight), p(rstd), p(dx), p(dweight), p(workspace)}, g, stream);
+    launch_backward(*k, *fin, d, u, g, stream);
   } catch (const Error& e) {
     impl_->attach_context(e, op, d, l.cfg);
   }
+}
+
+namespace {
+void require_rms(const NormDesc& d, const char* fn) {
+  if (d.norm != NormKind::RMSNorm)
+    throw Error(ErrorKind::InvalidArgument, fmt::format("{}: desc.norm = {} (use forward/backward for LayerNorm)", fn,
+                                                        norm_kind_name(d.norm)));
+}
+}  // namespace
+
+void Engine::rms_norm_forward(const NormDesc& d, const void* x, const void* weight, void* y, float* rstd,
+                              CUstream stream) {
+  require_rms(d, "rms_norm_forward");
+  ForwardTensors t;
+  t.x = x;
+  t.weight = weight;
+  t.y = y;
+  t.rstd = rstd;
+  forward(d, t, stream);
+}
+
+std::size_t Engine::rms_norm_backward_workspace_size(const NormDesc& d) {
+  require_rms(d, "rms_norm_backward_workspace_size");
+  return backward_workspace_size(d);
+}
+
+void Engine::rms_norm_backward(const NormDesc& d, const void* dy, const void* x, const void* weight,
+                               const float* rstd, void* dx, void* dweight, void* workspace,
+                               std::size_t workspace_bytes, CUstream stream) {
+  require_rms(d, "rms_norm_backward");
+  BackwardTensors t;
+  t.dy = dy;
+  t.x = x;
+  t.weight = weight;
+  t.rstd = rstd;
+  t.dx = dx;
+  t.dweight = dweight;
+  t.workspace = workspace;
+  t.workspace_bytes = workspace_bytes;
+  backward(d, t, stream);
 }
 
 int Engine::precompile(Op op, const NormDesc& d, const std::string& arch, std::vector<std::string>* failures) {
@@ -266,7 +336,7 @@ int Engine::precompile(Op op, const NormDesc& d, const std::string& arch, std::v
   std::set<std::string> seen;  // configs differing only in launch parameters share a cubin
   for (const auto& c : candidate_grid(op, d))
     if (KernelSpec s = make_spec(op, d, c); seen.insert(s.name()).second) specs.push_back(s);
-  if (op == Op::RmsBackward) specs.push_back(finalize_spec(d));
+  if (op == Op::Backward) specs.push_back(finalize_spec(d));
   std::atomic<int> ok{0};
   std::mutex mu;
   parallel_for(static_cast<int>(specs.size()), [&](int i) {

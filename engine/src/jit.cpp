@@ -100,13 +100,14 @@ LoadedKernel::~LoadedKernel() {
   if (mod_) cu().cuModuleUnload(mod_);  // errors at teardown are ignored
 }
 
-void LoadedKernel::launch(unsigned grid, unsigned block, CUstream stream, void** args) const {
-  if (grid == 0) return;
+void LoadedKernel::launch(unsigned grid, unsigned block, CUstream stream, void** args, unsigned grid_y) const {
+  if (grid == 0 || grid_y == 0) return;
   const CUresult r =
-      cu().cuLaunchKernel(fn_, grid, 1, 1, block, 1, 1, spec_.dynamic_smem(), stream, args, nullptr);
+      cu().cuLaunchKernel(fn_, grid, grid_y, 1, block, 1, 1, spec_.dynamic_smem(), stream, args, nullptr);
   if (r != CUDA_SUCCESS)
-    throw_driver_error(r, fmt::format("cuLaunchKernel({}, grid {}, block {})", spec_.name(), grid, block).c_str(),
-                       __FILE__, __LINE__);
+    throw_driver_error(
+        r, fmt::format("cuLaunchKernel({}, grid {}x{}, block {})", spec_.name(), grid, grid_y, block).c_str(),
+        __FILE__, __LINE__);
 }
 
 std::shared_ptr<const LoadedKernel> KernelCache::get(const KernelSpec& spec, const std::string& arch,

@@ -47,7 +47,7 @@ class LoadedKernel {
   int blocks_per_sm = 0;
 
   /// cuLaunchKernel with `args`; errors carry the spec's name.
-  void launch(unsigned grid, unsigned block, CUstream stream, void** args) const;
+  void launch(unsigned grid, unsigned block, CUstream stream, void** args, unsigned grid_y = 1) const;
 
  private:
   KernelSpec spec_;

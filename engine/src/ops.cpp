@@ -2,35 +2,82 @@
 
 #include <fmt/format.h>
 
+#include "norm_args.cuh"
+
 namespace normjit::detail {
 
-void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardPtrs& p, int sm_count, CUstream s) {
-  const Geometry g = launch_geometry(Op::RmsForward, d, k.spec().cfg, sm_count, k.blocks_per_sm);
-  long long M = d.M, xs = d.x_ld(), ys = d.y_ld();
-  float eps = d.eps;
-  CUdeviceptr x = p.x, w = p.w, y = p.y, rstd = p.rstd;
-  void* args[] = {&x, &w, &y, &rstd, &M, &xs, &ys, &eps};
+namespace {
+// Strides of every row tensor, as the kernels index them.
+nj::NormArgs layout(const NormDesc& d, bool backward) {
+  nj::NormArgs a{};
+  a.M = d.M;
+  a.heads = d.heads;
+  // The backward of a fused residual add reads h (residual_out) as its x.
+  const bool h_in = backward && d.residual;
+  a.x_ld = h_in ? d.residual_out_ld() : d.x_ld();
+  a.x_hs = h_in ? d.N : d.x_hs();
+  a.y_ld = d.y_ld();
+  a.y_hs = d.y_hs();
+  a.dy_ld = d.dy_ld();
+  a.dy_hs = d.dy_hs();
+  a.dx_ld = d.dx_ld();
+  a.dx_hs = d.dx_hs();
+  a.res_ld = d.residual_ld();
+  a.res_out_ld = d.residual_out_ld();
+  a.dres_ld = d.dresidual_ld();
+  a.eps = d.eps;
+  return a;
+}
+}  // namespace
+
+void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardTensors& t, int sm_count, CUstream s) {
+  const Geometry g = launch_geometry(Op::Forward, d, k.spec().cfg, sm_count, k.blocks_per_sm);
+  nj::NormArgs a = layout(d, false);
+  a.x = t.x;
+  a.residual = t.residual;
+  a.w = t.weight;
+  a.b = t.bias;
+  a.y = t.y;
+  a.residual_out = t.residual_out;
+  a.mean = t.mean;
+  a.rstd = t.rstd;
+  void* args[] = {&a};
   k.launch(g.grid, g.block, s, args);
 }
 
 Geometry backward_geometry(const LoadedKernel& k, const NormDesc& d, const LaunchConfig& cfg, int sm_count) {
-  return launch_geometry(Op::RmsBackward, d, cfg, sm_count, k.blocks_per_sm);
+  return launch_geometry(Op::Backward, d, cfg, sm_count, k.blocks_per_sm);
 }
 
 std::size_t backward_workspace_bytes(const Geometry& g, const NormDesc& d) {
-  return d.M == 0 ? 0 : static_cast<std::size_t>(g.grid) * static_cast<std::size_t>(d.N) * sizeof(float);
+  const int partials = make_variant(Op::Backward, d).partials();
+  return d.M == 0 ? 0 : static_cast<std::size_t>(partials) * g.grid * static_cast<std::size_t>(d.N) * sizeof(float);
 }
 
-void launch_backward(const LoadedKernel& k, const LoadedKernel& fin, const NormDesc& d, const BackwardPtrs& p,
+void launch_backward(const LoadedKernel& k, const LoadedKernel& fin, const NormDesc& d, const BackwardTensors& t,
                      const Geometry& g, CUstream s) {
-  long long M = d.M, dys = d.dy_ld(), xs = d.x_ld(), dxs = d.dx_ld();
-  CUdeviceptr dy = p.dy, x = p.x, w = p.w, rstd = p.rstd, dx = p.dx, ws = p.workspace, dw = p.dw;
-  void* args[] = {&dy, &x, &w, &rstd, &dx, &ws, &dw, &M, &dys, &xs, &dxs};
+  nj::NormArgs a = layout(d, true);
+  a.dy = t.dy;
+  a.x = t.x;
+  a.w = t.weight;
+  a.mean = const_cast<float*>(t.mean);
+  a.rstd = const_cast<float*>(t.rstd);
+  a.dresidual = t.dresidual;
+  a.dx = t.dx;
+  a.partial = static_cast<float*>(t.workspace);
+  a.dw = t.dweight;
+  a.db = t.dbias;
+  void* args[] = {&a};
   k.launch(g.grid, g.block, s, args);
-  if (g.grid == 1) return;  // one program wrote dweight itself
+  if (g.grid == 1) return;  // one program wrote dweight / dbias itself
+  // One finalize launch for every partial (blockIdx.y: dweight, dbias).
+  const Variant v = make_variant(Op::Backward, d);
+  CUdeviceptr part = reinterpret_cast<CUdeviceptr>(t.workspace);
+  CUdeviceptr out0 = reinterpret_cast<CUdeviceptr>(v.has_w ? t.dweight : t.dbias);
+  CUdeviceptr out1 = reinterpret_cast<CUdeviceptr>(t.dbias);
   int programs = static_cast<int>(g.grid), n = static_cast<int>(d.N);
-  void* fargs[] = {&ws, &dw, &programs, &n};
-  fin.launch(static_cast<unsigned>((d.N + 31) / 32), 1024, s, fargs);
+  void* fargs[] = {&part, &out0, &out1, &programs, &n};
+  fin.launch(static_cast<unsigned>((d.N + 31) / 32), 1024, s, fargs, static_cast<unsigned>(v.partials()));
 }
 
 }  // namespace normjit::detail

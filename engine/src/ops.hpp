@@ -1,4 +1,4 @@
-// Launching the RMSNorm kernels: argument packing and geometry, shared by the
+// Launching the row kernels: argument packing and geometry, shared by the
 // engine's calls, the tuner and the benchmark.
 #pragma once
 
@@ -8,17 +8,12 @@
 
 #include "config_grid.hpp"
 #include "jit.hpp"
+#include "normjit/normjit.hpp"
 
 namespace normjit::detail {
 
-struct ForwardPtrs {
-  CUdeviceptr x = 0, w = 0, y = 0, rstd = 0;
-};
-struct BackwardPtrs {
-  CUdeviceptr dy = 0, x = 0, w = 0, rstd = 0, dx = 0, dw = 0, workspace = 0;
-};
-
-void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardPtrs& p, int sm_count, CUstream s);
+/// The forward on `k` (compiled for `d`) with the tensors of `t`.
+void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardTensors& t, int sm_count, CUstream s);
 
 /// The persistent grid of the backward under `cfg`, whose kernel (compiled
 /// with cfg's vec) is `k`. It is fixed by the config, not by the kernel that
@@ -26,12 +21,12 @@ void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardPtrs&
 /// workspace size and the results do not depend on pointer alignment.
 Geometry backward_geometry(const LoadedKernel& k, const NormDesc& d, const LaunchConfig& cfg, int sm_count);
 
-/// Bytes of partial dweight rows for `g` (programs x N fp32).
+/// Bytes of partial dweight / dbias rows for `g` (partials x programs x N fp32).
 std::size_t backward_workspace_bytes(const Geometry& g, const NormDesc& d);
 
 /// The row kernel `k` on grid `g`, then (when g has more than one program)
-/// the dweight finalize kernel `fin`.
-void launch_backward(const LoadedKernel& k, const LoadedKernel& fin, const NormDesc& d, const BackwardPtrs& p,
+/// the finalize kernel `fin` once per partial (dweight, dbias).
+void launch_backward(const LoadedKernel& k, const LoadedKernel& fin, const NormDesc& d, const BackwardTensors& t,
                      const Geometry& g, CUstream s);
 
 }  // namespace normjit::detail

@@ -9,24 +9,55 @@
 
 namespace normjit::detail {
 
+namespace {
+// Default eps of each norm, as torch's modules and most model configs have it.
+float default_eps(NormKind k) { return k == NormKind::LayerNorm ? 1e-5f : 1e-6f; }
+}  // namespace
+
 NamedShape parse_shape_spec(const std::string& text) {
-  static const std::regex re(R"(rms:([a-z0-9]+):(\d+)x(\d+)(?::w=([a-z0-9]+))?)");
+  static const std::regex head(R"((rms|ln):([a-z0-9]+):(\d+)x(\d+)((?::[a-z_0-9]+(?:=[a-z0-9.+-]+)?)*))");
+  static const std::regex option(R"(:([a-z_0-9]+)(?:=([a-z0-9.+-]+))?)");
   std::smatch m;
-  if (!std::regex_match(text, m, re))
+  if (!std::regex_match(text, m, head))
     throw Error(ErrorKind::InvalidArgument,
-                fmt::format("--shape '{}' is not of the form rms:<dtype>:<M>x<N>[:w=<dtype>] (e.g. rms:bf16:8192x4096)", text));
+                fmt::format("--shape '{}' is not of the form <rms|ln>:<dtype>:<M>x<N>[:<option>]... "
+                            "(e.g. rms:bf16:8192x4096, ln:fp16:4096x4096:nb, rms:bf16:32768x128:heads=32:x_stride=6144)",
+                            text));
   NamedShape s;
   s.name = text;
+  NormDesc& d = s.desc;
   try {
-    s.desc.x_dtype = s.desc.y_dtype = parse_dtype(m[1], "dtype");
-    s.desc.weight_dtype = m[4].matched ? parse_dtype(m[4], "weight dtype") : s.desc.x_dtype;
-    s.desc.M = std::stoll(m[2]);
-    s.desc.N = std::stoll(m[3]);
-    s.desc.validate();
+    d.norm = m[1] == "ln" ? NormKind::LayerNorm : NormKind::RMSNorm;
+    d.x_dtype = d.y_dtype = d.weight_dtype = d.residual_dtype = d.residual_out_dtype = parse_dtype(m[2], "dtype");
+    d.M = std::stoll(m[3]);
+    d.N = std::stoll(m[4]);
+    d.eps = default_eps(d.norm);
+    d.has_bias = d.norm == NormKind::LayerNorm;  // as torch.nn.LayerNorm
+    const std::string opts = m[5];
+    for (std::sregex_iterator it(opts.begin(), opts.end(), option), end; it != end; ++it) {
+      const std::string key = (*it)[1], val = (*it)[2];
+      auto num = [&] { return std::stoll(val); };
+      if (key == "w") d.weight_dtype = parse_dtype(val, "w");
+      else if (key == "y") d.y_dtype = parse_dtype(val, "y");
+      else if (key == "res") {  // fused residual add, h written in the residual's dtype
+        d.residual = d.store_residual_out = true;
+        if (!val.empty()) d.residual_dtype = d.residual_out_dtype = parse_dtype(val, "res");
+      } else if (key == "fp32sum") d.residual_rounding = ResidualRounding::Fp32;
+      else if (key == "dres") d.has_dresidual = true;
+      else if (key == "nw") d.has_weight = false;
+      else if (key == "nb") d.has_bias = false;
+      else if (key == "off") d.weight_offset = std::stof(val);
+      else if (key == "cast") d.cast_mode = parse_cast_mode(val, "cast");
+      else if (key == "eps") d.eps = std::stof(val);
+      else if (key == "heads") d.heads = num();
+      else if (key == "x_stride") d.x_stride = d.dx_stride = num();  // a view: x and dx alike
+      else throw Error(ErrorKind::InvalidArgument, fmt::format("option '{}' is not one of w, y, res, fp32sum, dres, nw, nb, off, cast, eps, heads, x_stride", key));
+    }
+    d.validate();
   } catch (const Error& e) {
     throw Error(ErrorKind::InvalidArgument, fmt::format("--shape '{}': {}", text, e.message()));
   } catch (const std::exception&) {
-    throw Error(ErrorKind::InvalidArgument, fmt::format("--shape '{}': M or N is out of range", text));
+    throw Error(ErrorKind::InvalidArgument, fmt::format("--shape '{}': a number is out of range", text));
   }
   return s;
 }
@@ -50,15 +81,21 @@ std::vector<NamedShape> shapes_from_model_config(const std::string& path, const 
       throw Error(ErrorKind::InvalidArgument, fmt::format("--model '{}' has no integer '{}'", path, key));
     return j[key].get<std::int64_t>();
   };
-  const std::int64_t hidden = get_int("hidden_size");
+  // GPT-2 style configs (n_embd, layer_norm_epsilon) use LayerNorm with a bias.
+  const bool gpt2 = j.contains("n_embd");
+  const std::int64_t hidden = get_int(gpt2 ? "n_embd" : "hidden_size");
   NormDesc base;
+  if (gpt2) {
+    base.norm = NormKind::LayerNorm;
+    base.has_bias = true;
+  }
   try {
     base.x_dtype = base.y_dtype = base.weight_dtype =
         parse_dtype(j.value("torch_dtype", std::string("bfloat16")), "torch_dtype");
   } catch (const Error& e) {
     throw Error(ErrorKind::InvalidArgument, fmt::format("--model '{}': {}", path, e.message()));
   }
-  base.eps = static_cast<float>(j.value("rms_norm_eps", 1e-6));
+  base.eps = static_cast<float>(j.value(gpt2 ? "layer_norm_epsilon" : "rms_norm_eps", static_cast<double>(default_eps(base.norm))));
   static const std::set<std::string> qk_norm_models = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2"};
   const bool qk = qk_norm_models.count(j.value("model_type", std::string()));
   std::int64_t head_dim = 0, heads = 0, kv_heads = 0;

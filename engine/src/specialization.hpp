@@ -9,32 +9,63 @@
 
 namespace normjit::detail {
 
-enum class KernelKind { RmsForward, RmsBackward, DweightFinalize };
+enum class KernelKind { Forward, Backward, DweightFinalize };
+
+/// "rms_fwd", "ln_bwd": an op as errors, cache keys and the CLI name it.
+std::string op_label(Op op, NormKind norm);
+
+/// Everything of a descriptor that is compiled into a row kernel (besides N
+/// and the launch config): the norm, the dtypes and the variant's switches.
+/// Fields a kernel does not use keep their defaults, so they do not split
+/// the cache.
+struct Variant {
+  NormKind norm = NormKind::RMSNorm;
+  DType x = DType::BF16;   ///< forward: x; backward: the normalised input (x or h)
+  DType y = DType::BF16;   ///< y and dy
+  DType w = DType::BF16;   ///< weight, bias and their gradients
+  DType r = DType::BF16;   ///< forward residual
+  DType ro = DType::BF16;  ///< forward residual_out; backward dresidual
+  DType h = DType::BF16;   ///< forward: dtype a cached row is kept in
+  DType dx = DType::BF16;  ///< backward: dx
+  bool has_w = true, has_b = false;
+  float w_offset = 0.f;
+  bool residual = false, store_res = false, round_res = false;
+  bool llama = false;       ///< forward: CastMode::Llama
+  bool heads = false;       ///< 3-D rows
+  bool dres = false;        ///< backward: add dresidual into dx
+  bool store_rstd = false, store_mean = false;
+
+  /// The variant's part of cache keys and kernel names, e.g.
+  /// "ln_fwd:x=fp16:y=fp16:w=fp16:bias:mean:rstd"; the dtypes and flags that
+  /// matter for `kind` only.
+  std::string tags(KernelKind kind) const;
+  /// fp32 partial rows per program of the backward: dw (has_w) and db (has_b).
+  int partials() const { return (has_w ? 1 : 0) + (has_b ? 1 : 0); }
+};
+
+/// The variant of `op` for `desc`.
+Variant make_variant(Op op, const NormDesc& desc);
 
 struct KernelSpec {
-  KernelKind kind = KernelKind::RmsForward;
+  KernelKind kind = KernelKind::Forward;
   int N = 0;  ///< unused by DweightFinalize
-  DType x = DType::BF16, y = DType::BF16, w = DType::BF16;
-  LaunchConfig cfg;         ///< unused by DweightFinalize
-  bool index64 = false;     ///< 64-bit row offsets
-  bool store_rstd = false;  ///< forward only
-  bool dw_smem = false;     ///< backward: weight and dw sums in shared memory
+  Variant v;  ///< DweightFinalize uses v.w only
+  LaunchConfig cfg;       ///< unused by DweightFinalize
+  bool index64 = false;   ///< 64-bit row offsets
+  bool dw_smem = false;   ///< backward: weight and dw / db sums in shared memory
 
-  /// The extern "C" kernel in the template: "normjit_rms_fwd", ...
+  /// The extern "C" kernel in the template: "normjit_norm_fwd", ...
   const char* kernel_name() const;
-  /// The template it includes: "rmsnorm_fwd.cuh", ...
+  /// The template it includes: "norm_fwd.cuh", ...
   const char* template_file() const;
   /// The generated prelude (a struct Spec of using/constexpr lines) followed
   /// by the #include of the template.
   std::string source() const;
-  /// Readable unique name, e.g. "rms_fwd.N4096.bf16.bf16.bf16.v8.t512.r1.i32.rstd".
+  /// Readable unique name, e.g. "rms_fwd.x=bf16.y=bf16.w=bf16.rstd.N4096.v8.t512.r1.i32".
   std::string name() const;
-  /// Dynamic shared memory of a launch: the cp.async row stages.
-  int dynamic_smem() const {
-    return kind == KernelKind::RmsBackward
-               ? cfg.stages * cfg.rows_per_pid * N * (dtype_size(x) + dtype_size(y)) + (dw_smem ? N * (4 + dtype_size(w)) : 0)
-               : 0;
-  }
+  /// Dynamic shared memory of a launch: the cp.async row stages, and the
+  /// weight and sums when they live in shared memory.
+  int dynamic_smem() const;
   /// Block size the kernel is compiled for.
   int threads() const { return kind == KernelKind::DweightFinalize ? 1024 : cfg.threads(); }
 };

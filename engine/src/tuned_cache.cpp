@@ -2,6 +2,8 @@
 // merging, and the memory -> user -> shipped lookup chain.
 #include "tuned_cache.hpp"
 
+#include "specialization.hpp"
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
@@ -285,9 +287,8 @@ std::int64_t m_bucket(std::int64_t M) {
 }
 
 std::string shape_key(Op op, const NormDesc& desc) {
-  return fmt::format("{}:x={}:y={}:w={}:N={}:M<={}{}", op_name(op), dtype_name(desc.x_dtype),
-                     dtype_name(desc.y_dtype), dtype_name(desc.weight_dtype), desc.N, m_bucket(desc.M),
-                     op == Op::RmsForward && desc.store_rstd ? ":rstd" : "");
+  const KernelKind kind = op == Op::Forward ? KernelKind::Forward : KernelKind::Backward;
+  return fmt::format("{}:N={}:M<={}", make_variant(op, desc).tags(kind), desc.N, m_bucket(desc.M));
 }
 
 std::optional<TunedCacheFile> read_tuned_cache_file(const std::string& path, const WarnFn& warn) {

@@ -61,8 +61,9 @@ struct CacheMetadata {
 /// 65536 (all larger M share one bucket); 0 for M == 0.
 std::int64_t m_bucket(std::int64_t M);
 
-/// "rms_fwd:x=bf16:y=bf16:w=bf16:N=4096:M<=8192:rstd" — op, dtypes, N, the
-/// M bucket and flags. The same string is the JSON key.
+/// "rms_fwd:x=bf16:y=bf16:w=bf16:rstd:N=4096:M<=8192": the variant's tags
+/// (Variant::tags: norm, direction, dtypes, flags), N and the M bucket. The
+/// same string is the JSON key.
 std::string shape_key(Op op, const NormDesc& desc);
 
 struct TunedEntry {

@@ -1,6 +1,7 @@
 // Names, parsing and validation of the public value types.
 #include <cmath>
 #include <regex>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -30,10 +31,42 @@ DType parse_dtype(const std::string& s, const char* what) {
   throw bad(fmt::format("{} = '{}' is not a dtype (expected fp32, fp16 or bf16)", what, s));
 }
 
+const char* norm_kind_name(NormKind k) {
+  switch (k) {
+    case NormKind::RMSNorm: return "rms";
+    case NormKind::LayerNorm: return "ln";
+  }
+  return "?";
+}
+
 const char* op_name(Op op) {
   switch (op) {
-    case Op::RmsForward: return "rms_fwd";
-    case Op::RmsBackward: return "rms_bwd";
+    case Op::Forward: return "fwd";
+    case Op::Backward: return "bwd";
+  }
+  return "?";
+}
+
+const char* cast_mode_name(CastMode m) {
+  switch (m) {
+    case CastMode::Default: return "default";
+    case CastMode::Llama: return "llama";
+    case CastMode::Gemma: return "gemma";
+  }
+  return "?";
+}
+
+CastMode parse_cast_mode(const std::string& s, const char* what) {
+  if (s == "default") return CastMode::Default;
+  if (s == "llama") return CastMode::Llama;
+  if (s == "gemma") return CastMode::Gemma;
+  throw bad(fmt::format("{} = '{}' is not one of default, llama, gemma", what, s));
+}
+
+const char* residual_rounding_name(ResidualRounding r) {
+  switch (r) {
+    case ResidualRounding::ResidualDtype: return "residual";
+    case ResidualRounding::Fp32: return "fp32";
   }
   return "?";
 }
@@ -69,21 +102,58 @@ const char* config_source_name(ConfigSource s) {
 constexpr std::int64_t kMaxN = 262144;
 
 void NormDesc::validate() const {
+  if (static_cast<int>(norm) > 1) throw bad(fmt::format("norm = {} is not RMSNorm (0) or LayerNorm (1)", static_cast<int>(norm)));
   if (M < 0) throw bad(fmt::format("M = {} must be >= 0", M));
   if (N < 1 || N > kMaxN) throw bad(fmt::format("N = {} must be in [1, {}]", N, kMaxN));
-  const std::pair<const char*, std::int64_t> strides[] = {
-      {"x_stride", x_stride}, {"y_stride", y_stride}, {"dy_stride", dy_stride}, {"dx_stride", dx_stride}};
-  for (auto& [name, v] : strides)
+  if (heads < 1 || M % heads)
+    throw bad(fmt::format("heads = {} must be >= 1 and divide M = {}", heads, M));
+  for (auto [name, v] : {std::pair{"x_stride", x_stride}, std::pair{"y_stride", y_stride}, std::pair{"dy_stride", dy_stride},
+                         std::pair{"dx_stride", dx_stride}, std::pair{"x_head_stride", x_head_stride},
+                         std::pair{"y_head_stride", y_head_stride}, std::pair{"dy_head_stride", dy_head_stride},
+                         std::pair{"dx_head_stride", dx_head_stride}, std::pair{"residual_stride", residual_stride},
+                         std::pair{"residual_out_stride", residual_out_stride},
+                         std::pair{"dresidual_stride", dresidual_stride}})
     if (v != 0 && v < N) throw bad(fmt::format("{} = {} must be 0 (contiguous) or >= N = {}", name, v, N));
+  if (heads > 1) {
+    // Rows of a 3-D tensor must not overlap: token-major (heads inside a
+    // token) or head-major (a transposed [heads, tokens, N] tensor).
+    const std::int64_t tokens = M / heads;
+    for (auto [name, ld, hs] : {std::tuple{"x", x_ld(), x_hs()}, std::tuple{"y", y_ld(), y_hs()},
+                                std::tuple{"dy", dy_ld(), dy_hs()}, std::tuple{"dx", dx_ld(), dx_hs()}})
+      if (!(ld >= (heads - 1) * hs + N) && !(hs >= (tokens - 1) * ld + N))
+        throw bad(fmt::format("{}_stride = {} and {}_head_stride = {} make rows of {} heads x {} overlap", name, ld, name,
+                              hs, heads, N));
+  }
   for (auto [name, t] : {std::pair{"x_dtype", x_dtype}, std::pair{"y_dtype", y_dtype},
-                         std::pair{"weight_dtype", weight_dtype}})
+                         std::pair{"weight_dtype", weight_dtype}, std::pair{"residual_dtype", residual_dtype},
+                         std::pair{"residual_out_dtype", residual_out_dtype}})
     if (static_cast<int>(t) > 2) throw bad(fmt::format("{} = {} is not a dtype", name, static_cast<int>(t)));
   if (!std::isfinite(eps) || eps < 0) throw bad(fmt::format("eps = {} must be finite and >= 0", eps));
+  if (!std::isfinite(weight_offset)) throw bad(fmt::format("weight_offset = {} must be finite", weight_offset));
+  if (weight_offset != 0.f && !has_weight)
+    throw bad(fmt::format("weight_offset = {} needs has_weight = true (there is no weight to offset)", weight_offset));
+  if (has_bias && norm != NormKind::LayerNorm) throw bad("has_bias = true: a bias is LayerNorm only (norm = rms)");
+  if (static_cast<int>(cast_mode) > 2) throw bad(fmt::format("cast_mode = {} is not a CastMode", static_cast<int>(cast_mode)));
+  if (static_cast<int>(residual_rounding) > 1)
+    throw bad(fmt::format("residual_rounding = {} is not a ResidualRounding", static_cast<int>(residual_rounding)));
+  if (residual && heads != 1) throw bad(fmt::format("residual = true needs 2-D rows, but heads = {}", heads));
+  if (store_residual_out && !residual) throw bad("store_residual_out = true needs residual = true");
+  if (has_dresidual && !residual) throw bad("has_dresidual = true needs residual = true");
 }
 
 std::string NormDesc::str() const {
-  return fmt::format("{}x{} x={} y={} w={}", M, N, dtype_name(x_dtype), dtype_name(y_dtype),
-                     dtype_name(weight_dtype));
+  std::string s = fmt::format("{} {}x{} x={} y={} w={}", norm_kind_name(norm), M, N, dtype_name(x_dtype),
+                              dtype_name(y_dtype), dtype_name(weight_dtype));
+  if (heads > 1) s += fmt::format(" heads={}", heads);
+  if (!has_weight) s += " no-weight";
+  if (has_bias) s += " bias";
+  if (weight_offset != 0.f) s += fmt::format(" offset={}", weight_offset);
+  if (residual)
+    s += fmt::format(" residual={}{} sum={}", dtype_name(residual_dtype),
+                     store_residual_out ? fmt::format(" residual_out={}", dtype_name(residual_out_dtype)) : "",
+                     residual_rounding_name(residual_rounding));
+  if (cast_mode != CastMode::Default) s += fmt::format(" cast={}", cast_mode_name(cast_mode));
+  return s;
 }
 
 std::string LaunchConfig::str() const {

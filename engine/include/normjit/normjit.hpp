@@ -1,4 +1,4 @@
-// normjit: run-time compiled RMSNorm kernels for NVIDIA GPUs.
+// normjit: run-time compiled RMSNorm and LayerNorm kernels for NVIDIA GPUs.
 //
 // The public C++ API. One Engine per process is the usual pattern; it is
 // thread-safe. All pointers are device addresses in the CUDA context that is
@@ -9,6 +9,11 @@
 // RMSNorm: Zhang & Sennrich 2019, "Root Mean Square Layer Normalization".
 //   y[i, j] = x[i, j] * rstd[i] * weight[j],
 //   rstd[i] = 1 / sqrt(mean_j(x[i, j]^2) + eps), accumulated in fp32.
+// LayerNorm: Ba et al. 2016, "Layer Normalization".
+//   y[i, j] = (x[i, j] - mean[i]) * rstd[i] * weight[j] + bias[j],
+//   rstd[i] = 1 / sqrt(mean_j((x[i, j] - mean[i])^2) + eps), in fp32.
+// Variants: fused residual add, zero-centred weight, no weight / bias, mixed
+// dtypes, casting modes, 3-D strided rows (see NormDesc).
 #pragma once
 
 #include <cstddef>
@@ -37,10 +42,47 @@ int dtype_size(DType t);
 /// Throws Error(InvalidArgument) naming `what` and the text otherwise.
 DType parse_dtype(const std::string& text, const char* what = "dtype");
 
-/// The kernels the engine runs. The string form ("rms_fwd", "rms_bwd") is
-/// used in cache keys, the CLI and error messages.
-enum class Op : std::uint8_t { RmsForward = 0, RmsBackward = 1 };
+/// The normalisation a descriptor asks for.
+///   RMSNorm (Zhang & Sennrich 2019): y = x * rstd * w',
+///     rstd = 1 / sqrt(mean(x^2) + eps).
+///   LayerNorm (Ba et al. 2016): y = (x - mean) * rstd * w' + bias,
+///     rstd = 1 / sqrt(mean((x - mean)^2) + eps).
+/// w' = weight + weight_offset (1 without a weight); statistics in fp32.
+enum class NormKind : std::uint8_t { RMSNorm = 0, LayerNorm = 1 };
+/// "rms" or "ln" (shape specs, cache keys, messages).
+const char* norm_kind_name(NormKind k);
+
+/// Direction of a kernel: forward (y from x) or backward (dx, dweight, dbias from dy).
+enum class Op : std::uint8_t { Forward = 0, Backward = 1 };
+/// "fwd" or "bwd".
 const char* op_name(Op op);
+
+/// Where rounding happens in the forward, matching common model code. The
+/// backward computes in fp32 in every mode. With xhat = (x - mean) * rstd
+/// (mean = 0 for RMSNorm) and w' = weight + weight_offset:
+///   Default: y = round_y(xhat * w' + bias), all in fp32, rounded once; equals
+///            torch.nn.functional.rms_norm / layer_norm on CUDA.
+///   Llama:   y = round_y(round_x(xhat) * w' + bias): rstd in fp32, the
+///            normalised row rounded to x's dtype before the weight
+///            (Hugging Face LlamaRMSNorm: weight * hidden.to(input_dtype)).
+///   Gemma:   y = round_y(xhat * (weight_offset + weight) + bias), everything in
+///            fp32 and cast at the end (Hugging Face Gemma3RMSNorm). The same
+///            numbers as Default: normjit's default already computes in fp32;
+///            the name lets model code map one to one.
+enum class CastMode : std::uint8_t { Default = 0, Llama = 1, Gemma = 2 };
+const char* cast_mode_name(CastMode m);                                   ///< "default", "llama", "gemma"
+CastMode parse_cast_mode(const std::string& text, const char* what = "cast_mode");
+
+/// Fused residual add, h = x + residual: which h is normalised (and written
+/// to residual_out).
+///   ResidualDtype (default): h rounded to residual_dtype, as the unfused
+///     `hidden = hidden + residual` of Hugging Face and vLLM's
+///     fused_add_rms_norm compute it; y is then the norm of exactly the h
+///     the next layer reads.
+///   Fp32: the fp32 sum is normalised unrounded (residual_out still holds it
+///     rounded to residual_out_dtype).
+enum class ResidualRounding : std::uint8_t { ResidualDtype = 0, Fp32 = 1 };
+const char* residual_rounding_name(ResidualRounding r);  ///< "residual", "fp32"
 
 /// What kind of failure an Error reports.
 enum class ErrorKind {
@@ -89,30 +131,101 @@ class CompileError : public Error {
   std::string kernel_name_, arch_;
 };
 
-/// Shape and dtypes of one RMSNorm call. Strides are in elements between the
-/// starts of consecutive rows; 0 means contiguous (= N). Rows are contiguous
-/// (element stride 1).
+/// Shape, dtypes and variant of one normalisation call (forward and its
+/// backward share one descriptor).
+///
+/// Rows: M rows of N elements, the last dimension contiguous. A 2-D tensor
+/// [M, N] has row r at r * stride. A 3-D tensor [M / heads, heads, N] (tokens
+/// x heads x head_dim, e.g. QK-norm on a view into a fused QKV projection)
+/// has row r = t * heads + h at t * stride + h * head_stride; one weight is
+/// shared by every head. Strides are in elements and may exceed 2^31; 0
+/// means contiguous (stride = heads * head_stride, head_stride = N).
+///
+/// Fused residual add (`residual`): h = x + residual (rounded as
+/// `residual_rounding` says) is normalised and, with `store_residual_out`,
+/// written to residual_out. Its backward reads h as its `x` (dtype
+/// residual_out_dtype, stride residual_out_stride) and writes dx = dL/dh,
+/// which is the gradient of both x and residual.
 struct NormDesc {
-  std::int64_t M = 0;          ///< rows (tokens); M = 0 is a no-op
-  std::int64_t N = 0;          ///< hidden size, 1 <= N <= 262144
-  std::int64_t x_stride = 0;   ///< row stride of x (forward and backward input), >= N
-  std::int64_t y_stride = 0;   ///< row stride of y (forward output), >= N
-  std::int64_t dy_stride = 0;  ///< row stride of dy (backward input, dtype y_dtype), >= N
-  std::int64_t dx_stride = 0;  ///< row stride of dx (backward output, dtype x_dtype), >= N
-  DType x_dtype = DType::BF16;       ///< x and dx
-  DType y_dtype = DType::BF16;       ///< y and dy
-  DType weight_dtype = DType::BF16;  ///< weight and dweight
-  float eps = 1e-6f;           ///< added to mean(x^2); finite, >= 0
-  bool store_rstd = true;      ///< forward writes rstd (fp32, length M) when true
+  NormKind norm = NormKind::RMSNorm;
+  std::int64_t M = 0;          ///< rows (tokens, or tokens * heads); M = 0 is a no-op
+  std::int64_t N = 0;          ///< hidden size (or head_dim), 1 <= N <= 262144
+  std::int64_t heads = 1;      ///< rows per token of a 3-D tensor; divides M; 1 = 2-D
+  std::int64_t x_stride = 0;   ///< token stride of x (forward and backward input)
+  std::int64_t y_stride = 0;   ///< token stride of y (forward output)
+  std::int64_t dy_stride = 0;  ///< token stride of dy (backward input, dtype y_dtype)
+  std::int64_t dx_stride = 0;  ///< token stride of dx (backward output, dtype x_dtype)
+  std::int64_t x_head_stride = 0, y_head_stride = 0, dy_head_stride = 0, dx_head_stride = 0;  ///< 3-D only
+  std::int64_t residual_stride = 0;      ///< row stride of residual (2-D only)
+  std::int64_t residual_out_stride = 0;  ///< row stride of residual_out (h)
+  std::int64_t dresidual_stride = 0;     ///< row stride of dresidual (backward)
+  DType x_dtype = DType::BF16;             ///< x and dx
+  DType y_dtype = DType::BF16;             ///< y and dy
+  DType weight_dtype = DType::BF16;        ///< weight, bias, dweight and dbias
+  DType residual_dtype = DType::BF16;      ///< residual input
+  DType residual_out_dtype = DType::BF16;  ///< residual_out (h) and dresidual
+  float eps = 1e-6f;             ///< added to the variance; finite, >= 0 (LayerNorm usually 1e-5)
+  bool has_weight = true;        ///< false: elementwise_affine = False (w' = 1)
+  bool has_bias = false;         ///< LayerNorm only: add bias (beta)
+  float weight_offset = 0.f;     ///< w' = weight + weight_offset; 1 for Gemma's zero-centred weight
+  bool residual = false;         ///< fused residual add (2-D only)
+  bool store_residual_out = false;  ///< forward writes h to residual_out
+  ResidualRounding residual_rounding = ResidualRounding::ResidualDtype;
+  bool has_dresidual = false;    ///< backward adds dresidual (the gradient reaching residual_out) into dx
+  CastMode cast_mode = CastMode::Default;
+  bool store_rstd = true;        ///< forward writes rstd (fp32, length M)
+  bool store_mean = true;        ///< LayerNorm forward writes mean (fp32, length M)
 
   /// Throws Error(InvalidArgument) naming the first bad field and its value.
   void validate() const;
-  /// "8192x4096 x=bf16 y=bf16 w=bf16", used in messages.
+  /// "rms 8192x4096 x=bf16 y=bf16 w=bf16" plus the variant's flags.
   std::string str() const;
-  std::int64_t x_ld() const { return x_stride ? x_stride : N; }
-  std::int64_t y_ld() const { return y_stride ? y_stride : N; }
-  std::int64_t dy_ld() const { return dy_stride ? dy_stride : N; }
-  std::int64_t dx_ld() const { return dx_stride ? dx_stride : N; }
+  /// Element offsets between consecutive heads and tokens (0 resolved).
+  std::int64_t x_hs() const { return x_head_stride ? x_head_stride : N; }
+  std::int64_t y_hs() const { return y_head_stride ? y_head_stride : N; }
+  std::int64_t dy_hs() const { return dy_head_stride ? dy_head_stride : N; }
+  std::int64_t dx_hs() const { return dx_head_stride ? dx_head_stride : N; }
+  std::int64_t x_ld() const { return x_stride ? x_stride : heads * x_hs(); }
+  std::int64_t y_ld() const { return y_stride ? y_stride : heads * y_hs(); }
+  std::int64_t dy_ld() const { return dy_stride ? dy_stride : heads * dy_hs(); }
+  std::int64_t dx_ld() const { return dx_stride ? dx_stride : heads * dx_hs(); }
+  std::int64_t residual_ld() const { return residual_stride ? residual_stride : N; }
+  std::int64_t residual_out_ld() const { return residual_out_stride ? residual_out_stride : N; }
+  std::int64_t dresidual_ld() const { return dresidual_stride ? dresidual_stride : N; }
+  /// The dtype of the tensor the norm reads: h with a residual, else x.
+  DType normed_dtype() const { return residual ? residual_out_dtype : x_dtype; }
+};
+
+/// Device tensors of a forward call. Which must be non-null follows the
+/// descriptor: x, y always; residual with `residual`; residual_out with
+/// `store_residual_out`; weight with has_weight; bias with has_bias; mean
+/// (LayerNorm) with store_mean; rstd with store_rstd.
+struct ForwardTensors {
+  const void* x = nullptr;         ///< [M, N] rows, x_dtype
+  const void* residual = nullptr;  ///< [M, N], residual_dtype
+  const void* weight = nullptr;    ///< [N], weight_dtype
+  const void* bias = nullptr;      ///< [N], weight_dtype
+  void* y = nullptr;               ///< [M, N] rows, y_dtype
+  void* residual_out = nullptr;    ///< [M, N], residual_out_dtype: h = x + residual
+  float* mean = nullptr;           ///< [M] fp32
+  float* rstd = nullptr;           ///< [M] fp32
+};
+
+/// Device tensors of a backward call. dy, x, rstd, dx always; weight,
+/// dweight with has_weight; dbias with has_bias; mean for LayerNorm;
+/// dresidual with has_dresidual; workspace when backward_workspace_size > 0.
+struct BackwardTensors {
+  const void* dy = nullptr;         ///< [M, N] rows, y_dtype
+  const void* x = nullptr;          ///< the normalised input: x, or h = residual_out with a residual
+  const void* weight = nullptr;     ///< [N], weight_dtype
+  const float* mean = nullptr;      ///< [M] fp32 from the forward (LayerNorm)
+  const float* rstd = nullptr;      ///< [M] fp32 from the forward
+  const void* dresidual = nullptr;  ///< [M, N] residual_out_dtype: gradient reaching residual_out
+  void* dx = nullptr;               ///< [M, N] rows, x_dtype: dL/dx (= dL/dresidual with a residual)
+  void* dweight = nullptr;          ///< [N], weight_dtype, overwritten
+  void* dbias = nullptr;            ///< [N], weight_dtype, overwritten
+  void* workspace = nullptr;        ///< backward_workspace_size(desc) bytes
+  std::size_t workspace_bytes = 0;
 };
 
 /// How a kernel is launched. Every field is part of the kernel's
@@ -197,23 +310,31 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  /// RMSNorm forward. x: [M, x_stride] of x_dtype; weight: [N] of weight_dtype;
-  /// y: [M, y_stride] of y_dtype; rstd: [M] fp32, written when desc.store_rstd
-  /// (may be null otherwise). Asynchronous on `stream` (0 = legacy default).
-  /// Throws Error(InvalidArgument) for a bad descriptor or null pointer,
+  /// Forward of desc.norm (see NormDesc and ForwardTensors). Asynchronous on
+  /// `stream` (0 = legacy default). Throws Error(InvalidArgument) for a bad
+  /// descriptor or a missing pointer before anything runs,
   /// Error(Driver/Compile/LibraryNotFound) when the kernel cannot run.
+  void forward(const NormDesc& desc, const ForwardTensors& t, CUstream stream);
+
+  /// Bytes of device workspace backward() needs for `desc` on the current
+  /// device: fp32 partial dweight (and dbias) rows of the persistent grid,
+  /// programs x N each; 0 when M == 0 or there is neither weight nor bias.
+  std::size_t backward_workspace_size(const NormDesc& desc);
+
+  /// Backward of desc.norm: dx, and dweight / dbias summed over rows.
+  /// Deterministic: the same inputs and config give bitwise the same outputs.
+  /// With desc.has_dresidual, dresidual is added into dx.
+  ///   RMSNorm:   dx = rstd * (g - xhat * mean(g * xhat)),            g = dy * w'
+  ///   LayerNorm: dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+  ///   dweight = sum_rows dy * xhat, dbias = sum_rows dy.
+  void backward(const NormDesc& desc, const BackwardTensors& t, CUstream stream);
+
+  /// RMSNorm forward (desc.norm must be RMSNorm): forward() with x, weight, y, rstd.
   void rms_norm_forward(const NormDesc& desc, const void* x, const void* weight, void* y,
                         float* rstd, CUstream stream);
-
-  /// Bytes of device workspace rms_norm_backward needs for `desc` on the
-  /// current device (fp32 partial dweight sums, programs x N; 0 when M == 0).
+  /// backward_workspace_size() for an RMSNorm descriptor.
   std::size_t rms_norm_backward_workspace_size(const NormDesc& desc);
-
-  /// RMSNorm backward. dy: [M, dy_stride] of y_dtype; x: [M, x_stride] of
-  /// x_dtype; weight: [N]; rstd: [M] fp32 from the forward; dx: [M, dx_stride]
-  /// of x_dtype; dweight: [N] of weight_dtype (overwritten, not accumulated).
-  /// workspace: at least rms_norm_backward_workspace_size(desc) bytes.
-  /// Deterministic: the same inputs and config give bitwise the same outputs.
+  /// RMSNorm backward: backward() with dy, x, weight, rstd, dx, dweight, workspace.
   void rms_norm_backward(const NormDesc& desc, const void* dy, const void* x,
                          const void* weight, const float* rstd, void* dx, void* dweight,
                          void* workspace, std::size_t workspace_bytes, CUstream stream);

@@ -1,0 +1,41 @@
+// Checking an op's outputs in a Scratch against the float64 reference,
+// shared by the benchmark's check column and the GPU tests.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "autotune.hpp"
+#include "reference.hpp"
+
+namespace normjit::detail {
+
+struct OutputCheck {
+  std::string name;   ///< "y", "rstd", "dx", ...
+  double err = 0;     ///< relative error (dx: scaled by its terms' size)
+  double tol = 0;     ///< tolerance(dtype)
+  bool ok() const { return err <= tol; }
+};
+
+/// Compares every output of `op` in `s` (after the op ran on s's inputs)
+/// with the float64 reference computed from the same inputs.
+inline std::vector<OutputCheck> check_outputs(Op op, const NormDesc& d, const Scratch& s) {
+  HostTensors in;
+  for (const auto& t : s.specs)
+    if (!t.output) {
+      const auto f = s.download(t.name);
+      in[t.name].assign(f.begin(), f.end());
+    }
+  const HostTensors ref = op == Op::Forward ? forward_reference(d, in) : backward_reference(d, in);
+  std::vector<OutputCheck> out;
+  for (const auto& t : s.specs) {
+    if (!t.output) continue;
+    const auto got = s.download(t.name);
+    const auto& r = ref.at(t.name);
+    const double err = t.name == "dx" ? scaled_error(got, r, ref.at("dx_scale")) : relative_error(got, r);
+    out.push_back({t.name, err, tolerance(t.dtype)});
+  }
+  return out;
+}
+
+}  // namespace normjit::detail

@@ -1,0 +1,410 @@
+// RMSNorm (Zhang & Sennrich 2019) and LayerNorm (Ba et al. 2016) backward.
+// With xhat = (x - mean) * rstd (mean = 0 for RMSNorm), w' = w + W_OFFSET (1
+// without a weight) and g = dy * w':
+//   dx[i,j] = rstd[i] * (g - c1 - xhat * c2) (+ dresidual[i,j])
+//             c2 = mean_j(g * xhat), c1 = mean_j(g) for LayerNorm, 0 for RMSNorm
+//   dw[j]   = sum_i dy[i,j] * xhat[i,j],   db[j] = sum_i dy[i,j]
+// x here is the tensor the forward normalised (h with a fused residual add).
+// dw and db are reduced deterministically in two stages: this persistent
+// kernel (gridDim.x programs, each a fixed set of rows in a fixed order)
+// writes fp32 partial rows into `partial` (gridDim.x x N for dw, then as many
+// for db: never M x N); normjit_dw_finalize (dweight_finalize.cuh) sums them
+// in order. A grid of one program writes dw and db itself.
+//
+// Spec (see norm_fwd.cuh) plus dx_t (dx's dtype; x_t is the normalised
+// input's), ro_t (dresidual's), DRES, STAGES and DW_SMEM. DW_SMEM keeps
+// weight and sums in shared memory after the stages instead of registers
+// (rows too long for those; STAGES > 0, ROWS == 1). TWO_PASS needs ROWS ==
+// 1. STAGES > 0 streams rows through STAGES shared-memory buffers with
+// cp.async (STAGES * ROWS * N * (sizeof x_t + sizeof y_t) bytes of dynamic
+// shared memory; rows must split exactly into chunks); STAGES == 0
+// double-buffers rows in registers.
+#pragma once
+#include "common.cuh"
+#include "norm_args.cuh"
+
+namespace nj {
+
+template <class S> constexpr int kPartials = (S::HAS_W ? 1 : 0) + (S::HAS_B ? 1 : 0);
+template <class S> using red_t = float[S::ROWS][kWarpsPerRow<S::TPR>][2];
+
+// One row's x and dy in registers (their own dtypes), and its statistics.
+template <class S> struct BwdRow {
+  using L = RowLayout<S::N, S::VEC, S::TPR>;
+  Vec<typename S::x_t, S::VEC> x[L::ITERS];
+  Vec<typename S::y_t, S::VEC> dy[L::ITERS];
+  float r, mu;
+  bool valid;
+
+  __device__ __forceinline__ void stats(const NormArgs& a, long long row) {
+    valid = row < a.M;
+    r = valid ? a.rstd[row] : 0.f;
+    mu = S::LAYERNORM && valid ? a.mean[row] : 0.f;
+  }
+  __device__ __forceinline__ void load(const NormArgs& a, long long row, int lane) {
+    using index_t = typename S::index_t;
+    stats(a, row);
+    const long long rr = valid ? row : 0;
+    const auto* xr = static_cast<const typename S::x_t*>(a.x) + row_offset<S::HEADS, index_t>(rr, a.x_ld, a.x_hs, a.heads);
+    const auto* dyr = static_cast<const typename S::y_t*>(a.dy) + row_offset<S::HEADS, index_t>(rr, a.dy_ld, a.dy_hs, a.heads);
+#pragma unroll
+    for (int i = 0; i < L::ITERS; ++i) {
+      const int col = (lane + i * S::TPR) * S::VEC;
+      if (valid && (L::EXACT || col < S::N)) {
+        x[i] = load_chunk<S::N, S::VEC>(xr, col, L::EXACT);
+        dy[i] = load_chunk<S::N, S::VEC>(dyr, col, L::EXACT);
+      } else {
+#pragma unroll
+        for (int k = 0; k < S::VEC; ++k) {
+          x[i].v[k] = from_float<typename S::x_t>(0.f);
+          dy[i].v[k] = from_float<typename S::y_t>(0.f);
+        }
+      }
+    }
+  }
+};
+
+// A thread's weights (w') and dw / db sums for its chunks. In registers (the
+// usual case), or, for rows too long for that (DW_SMEM), in shared memory
+// after the row stages: N fp32 dw sums, N fp32 db sums (HAS_B), then the N
+// weights as w_t; one row per program then.
+template <class S, bool IN_SMEM = S::DW_SMEM> struct DwShare {
+  using L = RowLayout<S::N, S::VEC, S::TPR>;
+  float wf[S::HAS_W ? L::ITERS : 1][S::VEC];
+  float aw[S::HAS_W ? L::ITERS : 1][S::VEC], ab[S::HAS_B ? L::ITERS : 1][S::VEC];
+  __device__ __forceinline__ void init(const typename S::w_t* __restrict__ w, int lane, float*) {
+#pragma unroll
+    for (int i = 0; i < L::ITERS; ++i) {
+      const int col = (lane + i * S::TPR) * S::VEC;
+      if constexpr (S::HAS_W) {
+        Vec<typename S::w_t, S::VEC> wv;
+        if (L::EXACT || col < S::N) {
+          wv = load_chunk<S::N, S::VEC>(w, col, L::EXACT);
+        } else {
+#pragma unroll
+          for (int k = 0; k < S::VEC; ++k) wv.v[k] = from_float<typename S::w_t>(0.f);
+        }
+#pragma unroll
+        for (int k = 0; k < S::VEC; ++k) {
+          wf[i][k] = to_float(wv.v[k]) + S::W_OFFSET;
+          aw[i][k] = 0.f;
+        }
+      }
+      if constexpr (S::HAS_B)
+#pragma unroll
+        for (int k = 0; k < S::VEC; ++k) ab[i][k] = 0.f;
+    }
+  }
+  __device__ __forceinline__ float weight(int i, int k, int) const {
+    if constexpr (S::HAS_W) return wf[i][k];
+    else return 1.f;
+  }
+  __device__ __forceinline__ void add(int i, int k, int, float dw, float db) {
+    if constexpr (S::HAS_W) aw[i][k] += dw;
+    if constexpr (S::HAS_B) ab[i][k] += db;
+  }
+  __device__ __forceinline__ float total(int p, int i, int k, int) const {
+    if constexpr (S::HAS_W) return p == 0 ? aw[i][k] : ab[i][k];
+    else return ab[i][k];
+  }
+};
+
+template <class S> struct DwShare<S, true> {
+  float* s;              // kPartials<S> x N sums
+  typename S::w_t* ws;   // weight
+  __device__ __forceinline__ void init(const typename S::w_t* __restrict__ w, int, float* smem) {
+    s = smem;
+    ws = reinterpret_cast<typename S::w_t*>(smem + kPartials<S> * S::N);
+    for (int j = threadIdx.x; j < S::N; j += S::TPR * S::ROWS) {
+#pragma unroll
+      for (int p = 0; p < kPartials<S>; ++p) s[p * S::N + j] = 0.f;
+      if constexpr (S::HAS_W) ws[j] = w[j];
+    }
+    __syncthreads();  // the weight is read by other threads than its loader
+  }
+  __device__ __forceinline__ float weight(int, int, int col) const {
+    if constexpr (S::HAS_W) return to_float(ws[col]) + S::W_OFFSET;
+    else return 1.f;
+  }
+  // Each column belongs to one thread: no barrier between adds.
+  __device__ __forceinline__ void add(int, int, int col, float dw, float db) {
+    if constexpr (S::HAS_W) s[col] += dw;
+    if constexpr (S::HAS_B) s[(S::HAS_W ? S::N : 0) + col] += db;
+  }
+  __device__ __forceinline__ float total(int p, int, int, int col) const { return s[p * S::N + col]; }
+};
+
+// Writes partial sum p (0: dw, or db without a weight; 1: db) of column col:
+// into this program's partial row, or, with a grid of one program, the final
+// value into dw / db.
+template <class S>
+__device__ __forceinline__ void emit(const NormArgs& a, int p, int col, float v) {
+  const bool is_db = !S::HAS_W || p == 1;
+  if (gridDim.x == 1) {
+    auto* out = static_cast<typename S::w_t*>(is_db ? a.db : a.dw);
+    out[col] = from_float<typename S::w_t>(v);
+  } else {
+    a.partial[((long long)p * gridDim.x + blockIdx.x) * S::N + col] = v;
+  }
+}
+
+// dx of one row, and its share of dw / db added to `share`. Called by every
+// thread of the block (row_reduce may hold a barrier).
+template <class S, class Share>
+__device__ __forceinline__ void bwd_row(const NormArgs& a, const BwdRow<S>& R, Share& share, long long row, int lane,
+                                        red_t<S>& red) {
+  using L = RowLayout<S::N, S::VEC, S::TPR>;
+  using index_t = typename S::index_t;
+  float c[2] = {0.f, 0.f};  // sum g * xhat, sum g
+#pragma unroll
+  for (int i = 0; i < L::ITERS; ++i) {
+    const int col = (lane + i * S::TPR) * S::VEC;
+#pragma unroll
+    for (int k = 0; k < S::VEC; ++k)
+      if (L::EXACT || col + k < S::N) {
+        const float g = to_float(R.dy[i].v[k]) * share.weight(i, k, col + k);
+        c[0] += g * (to_float(R.x[i].v[k]) - R.mu);
+        if constexpr (S::LAYERNORM) c[1] += g;
+      }
+  }
+  row_reduce<S::TPR, S::ROWS>(c, red);
+  if (!R.valid) return;
+  const float c2 = c[0] * R.r * (1.0f / S::N), c1 = S::LAYERNORM ? c[1] * (1.0f / S::N) : 0.f;
+  auto* dxr = static_cast<typename S::dx_t*>(a.dx) + row_offset<S::HEADS, index_t>(row, a.dx_ld, a.dx_hs, a.heads);
+  const auto* drr = static_cast<const typename S::ro_t*>(a.dresidual) + (S::DRES ? (index_t)row * (index_t)a.dres_ld : 0);
+#pragma unroll
+  for (int i = 0; i < L::ITERS; ++i) {
+    const int col = (lane + i * S::TPR) * S::VEC;
+    if (L::EXACT || col < S::N) {
+      Vec<typename S::ro_t, S::VEC> dr;
+      if constexpr (S::DRES) dr = load_chunk<S::N, S::VEC>(drr, col, L::EXACT);
+      Vec<typename S::dx_t, S::VEC> dxv;
+#pragma unroll
+      for (int k = 0; k < S::VEC; ++k) {
+        const float xh = (to_float(R.x[i].v[k]) - R.mu) * R.r;
+        const float d = to_float(R.dy[i].v[k]);
+        float v = R.r * (d * share.weight(i, k, col + k) - c1 - xh * c2);
+        if constexpr (S::DRES) v += to_float(dr.v[k]);
+        dxv.v[k] = from_float<typename S::dx_t>(v);
+        if (L::EXACT || col + k < S::N) share.add(i, k, col + k, d * xh, d);
+      }
+      store_chunk<S::N, S::VEC>(dxr, col, dxv, L::EXACT);
+    }
+  }
+}
+
+// End of a program: its dw / db sums to the partial rows. Several row groups
+// per program add their shares in group order through `smem`
+// (kPartials x N floats).
+template <class S, class Share>
+__device__ __forceinline__ void emit_sums(const NormArgs& a, const Share& share, int lane, float* smem) {
+  using L = RowLayout<S::N, S::VEC, S::TPR>;
+  constexpr int P = kPartials<S>;
+  if constexpr (P == 0) return;
+  if constexpr (S::ROWS == 1) {
+#pragma unroll
+    for (int p = 0; p < P; ++p)
+#pragma unroll
+      for (int i = 0; i < L::ITERS; ++i) {
+        const int col = (lane + i * S::TPR) * S::VEC;
+#pragma unroll
+        for (int k = 0; k < S::VEC; ++k)
+          if (L::EXACT || col + k < S::N) emit<S>(a, p, col + k, share.total(p, i, k, col + k));
+      }
+  } else {
+    const int rg = threadIdx.x / S::TPR;
+    for (int g = 0; g < S::ROWS; ++g) {
+      if (rg == g) {
+#pragma unroll
+        for (int p = 0; p < P; ++p)
+#pragma unroll
+          for (int i = 0; i < L::ITERS; ++i) {
+            const int col = (lane + i * S::TPR) * S::VEC;
+#pragma unroll
+            for (int k = 0; k < S::VEC; ++k)
+              if (L::EXACT || col + k < S::N) {
+                float& s = smem[p * S::N + col + k];
+                s = (g == 0 ? 0.f : s) + share.total(p, i, k, col + k);
+              }
+          }
+      }
+      __syncthreads();
+    }
+    for (int j = threadIdx.x; j < P * S::N; j += S::TPR * S::ROWS) emit<S>(a, j / S::N, j % S::N, smem[j]);
+  }
+}
+
+}  // namespace nj
+
+// A template, so that `if constexpr` discards the paths a Spec does not take.
+template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& a) {
+  using x_t = typename S::x_t;
+  using y_t = typename S::y_t;
+  using w_t = typename S::w_t;
+  using index_t = typename S::index_t;
+  using L = nj::RowLayout<S::N, S::VEC, S::TPR>;
+  constexpr int P = nj::kPartials<S>;
+  static_assert(!S::TWO_PASS || S::ROWS == 1, "two-pass backward handles one row per program");
+  __shared__ nj::red_t<S> red;
+
+  const int lane = threadIdx.x % S::TPR;
+  const int rg = threadIdx.x / S::TPR;
+  const long long M = a.M;
+  const long long step = (long long)gridDim.x * S::ROWS;
+  const w_t* w = static_cast<const w_t*>(a.w);
+
+  if constexpr (S::STAGES > 0) {
+    static_assert(L::EXACT && !S::TWO_PASS, "staged rows need whole chunks");
+    constexpr int XB = S::VEC * sizeof(x_t), YB = S::VEC * sizeof(y_t);
+    // Layout: [stage][row group][N] of x, then the same of dy. Each thread
+    // copies exactly the chunks it later reads, so cp.async.wait_group (no
+    // barrier) makes them visible to it.
+    extern __shared__ __align__(16) unsigned char stage_smem[];
+    x_t* xs = reinterpret_cast<x_t*>(stage_smem);
+    y_t* dys = reinterpret_cast<y_t*>(stage_smem + sizeof(x_t) * S::STAGES * S::ROWS * S::N);
+    auto issue = [&](long long base, int stage) {
+      const long long row = base + rg;
+      if (row < M) {
+        const x_t* xr = static_cast<const x_t*>(a.x) + nj::row_offset<S::HEADS, index_t>(row, a.x_ld, a.x_hs, a.heads);
+        const y_t* dyr = static_cast<const y_t*>(a.dy) + nj::row_offset<S::HEADS, index_t>(row, a.dy_ld, a.dy_hs, a.heads);
+        const int off = (stage * S::ROWS + rg) * S::N;
+#pragma unroll
+        for (int i = 0; i < L::ITERS; ++i) {
+          const int col = (lane + i * S::TPR) * S::VEC;
+          nj::cp_async<XB>(xs + off + col, xr + col);
+          nj::cp_async<YB>(dys + off + col, dyr + col);
+        }
+      }
+      nj::cp_async_commit();  // an empty group past the end keeps the count uniform
+    };
+    static_assert(!S::DW_SMEM || S::ROWS == 1, "dw in shared memory is per program: one row per program");
+    nj::DwShare<S> share;
+    share.init(w, lane, reinterpret_cast<float*>(dys + S::STAGES * S::ROWS * S::N));
+    long long base = (long long)blockIdx.x * S::ROWS;
+#pragma unroll
+    for (int s = 0; s < S::STAGES - 1; ++s) issue(base + s * step, s);
+    nj::BwdRow<S> next;
+    next.stats(a, base + rg);
+    for (int k = 0; base < M; base += step, ++k) {
+      issue(base + (S::STAGES - 1) * step, (k + S::STAGES - 1) % S::STAGES);
+      const long long row = base + rg;
+      nj::BwdRow<S> cur;
+      cur.valid = next.valid;
+      cur.r = next.r;
+      cur.mu = next.mu;
+      next.stats(a, row + step);  // one row ahead
+      nj::cp_async_wait<S::STAGES - 1>();  // this row's copies have landed
+      const int off = ((k % S::STAGES) * S::ROWS + rg) * S::N;
+#pragma unroll
+      for (int i = 0; i < L::ITERS; ++i) {
+        const int col = (lane + i * S::TPR) * S::VEC;
+        cur.x[i] = *reinterpret_cast<const nj::Vec<x_t, S::VEC>*>(xs + off + col);
+        cur.dy[i] = *reinterpret_cast<const nj::Vec<y_t, S::VEC>*>(dys + off + col);
+      }
+      nj::bwd_row<S>(a, cur, share, row, lane, red);
+    }
+    nj::cp_async_wait<0>();
+    if constexpr (S::ROWS > 1) __syncthreads();  // every thread is done with the stages: reuse them
+    nj::emit_sums<S>(a, share, lane, reinterpret_cast<float*>(stage_smem));
+  } else if constexpr (!S::TWO_PASS) {
+    static_assert(!S::DW_SMEM, "rows in registers keep dw in registers");
+    nj::DwShare<S> share;
+    share.init(w, lane, nullptr);
+    // Two row buffers: the next row's loads are in flight while this row is
+    // reduced and written, so one program keeps two rows of memory traffic
+    // going and the grid (and so the partial buffer) can stay small. The
+    // trip count is the same for every thread of the block (barriers).
+    nj::BwdRow<S> r0, r1;
+    long long base = (long long)blockIdx.x * S::ROWS;
+    r0.load(a, base + rg, lane);
+    while (base < M) {
+      const long long next = base + step;
+      r1.load(a, next + rg, lane);
+      nj::bwd_row<S>(a, r0, share, base + rg, lane, red);
+      if (next >= M) break;
+      base = next + step;
+      r0.load(a, base + rg, lane);
+      nj::bwd_row<S>(a, r1, share, next + rg, lane, red);
+    }
+    __shared__ float sums[S::ROWS > 1 ? (P > 0 ? P : 1) * S::N : 1];
+    nj::emit_sums<S>(a, share, lane, sums);
+  } else {
+    // Wide rows: two passes over x and dy per row; this program's partial
+    // rows (fp32, mostly L2-resident) accumulate dw and db in place.
+    using dx_t = typename S::dx_t;
+    using ro_t = typename S::ro_t;
+    float* pw = a.partial + (long long)blockIdx.x * S::N;                      // dw (or db without a weight)
+    float* pb = a.partial + ((long long)(P - 1) * gridDim.x + blockIdx.x) * S::N;  // db
+    bool first = true;
+    for (long long row = blockIdx.x; row < M; row += step) {
+      const x_t* xr = static_cast<const x_t*>(a.x) + nj::row_offset<S::HEADS, index_t>(row, a.x_ld, a.x_hs, a.heads);
+      const y_t* dyr = static_cast<const y_t*>(a.dy) + nj::row_offset<S::HEADS, index_t>(row, a.dy_ld, a.dy_hs, a.heads);
+      dx_t* dxr = static_cast<dx_t*>(a.dx) + nj::row_offset<S::HEADS, index_t>(row, a.dx_ld, a.dx_hs, a.heads);
+      const ro_t* drr = static_cast<const ro_t*>(a.dresidual) + (S::DRES ? (index_t)row * (index_t)a.dres_ld : 0);
+      const float r = a.rstd[row], mu = S::LAYERNORM ? a.mean[row] : 0.f;
+      auto wprime = [&](const nj::Vec<w_t, S::VEC>& wv, int k) {
+        if constexpr (S::HAS_W) return nj::to_float(wv.v[k]) + S::W_OFFSET;
+        else return 1.f;
+      };
+      float c[2] = {0.f, 0.f};
+#pragma unroll 4
+      for (int cidx = lane; cidx < L::CHUNKS; cidx += S::TPR) {
+        const int col = cidx * S::VEC;
+        const auto xv = nj::load_chunk<S::N, S::VEC>(xr, col, L::EXACT);
+        const auto dyv = nj::load_chunk<S::N, S::VEC>(dyr, col, L::EXACT);
+        nj::Vec<w_t, S::VEC> wv;
+        if constexpr (S::HAS_W) wv = nj::load_chunk<S::N, S::VEC>(w, col, L::EXACT);
+#pragma unroll
+        for (int k = 0; k < S::VEC; ++k) {
+          const float g = nj::to_float(dyv.v[k]) * wprime(wv, k);
+          c[0] += g * (nj::to_float(xv.v[k]) - mu);  // padding reads as 0: g = 0 there
+          if constexpr (S::LAYERNORM) c[1] += g;
+        }
+      }
+      nj::row_reduce<S::TPR, S::ROWS>(c, red);
+      const float c2 = c[0] * r * (1.0f / S::N), c1 = S::LAYERNORM ? c[1] * (1.0f / S::N) : 0.f;
+#pragma unroll 4
+      for (int cidx = lane; cidx < L::CHUNKS; cidx += S::TPR) {
+        const int col = cidx * S::VEC;
+        const auto xv = nj::load_chunk<S::N, S::VEC>(xr, col, L::EXACT);
+        const auto dyv = nj::load_chunk<S::N, S::VEC>(dyr, col, L::EXACT);
+        nj::Vec<w_t, S::VEC> wv;
+        if constexpr (S::HAS_W) wv = nj::load_chunk<S::N, S::VEC>(w, col, L::EXACT);
+        nj::Vec<ro_t, S::VEC> dr;
+        if constexpr (S::DRES) dr = nj::load_chunk<S::N, S::VEC>(drr, col, L::EXACT);
+        nj::Vec<dx_t, S::VEC> dxv;
+#pragma unroll
+        for (int k = 0; k < S::VEC; ++k) {
+          const float xh = (nj::to_float(xv.v[k]) - mu) * r;
+          const float d = nj::to_float(dyv.v[k]);
+          float v = r * (d * wprime(wv, k) - c1 - xh * c2);
+          if constexpr (S::DRES) v += nj::to_float(dr.v[k]);
+          dxv.v[k] = nj::from_float<dx_t>(v);
+          if (col + k < S::N) {
+            if constexpr (S::HAS_W) pw[col + k] = (first ? 0.f : pw[col + k]) + d * xh;
+            if constexpr (S::HAS_B) pb[col + k] = (first ? 0.f : pb[col + k]) + d;
+          }
+        }
+        nj::store_chunk<S::N, S::VEC>(dxr, col, dxv, L::EXACT);
+      }
+      first = false;
+    }
+    if constexpr (P > 0) {
+      if (first)  // a program with no rows still owns its partial rows
+        for (int j = threadIdx.x; j < S::N; j += S::TPR) {
+          pw[j] = 0.f;
+          pb[j] = 0.f;
+        }
+      if (gridDim.x == 1) {  // the partial rows are final: convert them
+        __syncthreads();
+        for (int j = threadIdx.x; j < S::N; j += S::TPR)
+#pragma unroll
+          for (int p = 0; p < P; ++p) nj::emit<S>(a, p, j, a.partial[(long long)p * S::N + j]);
+      }
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(Spec::TPR * Spec::ROWS) normjit_norm_bwd(const nj::NormArgs a) {
+  norm_bwd<Spec>(a);
+}

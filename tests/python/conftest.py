@@ -1,0 +1,30 @@
+"""Shared setup of the Python suites: the package is imported from
+tools/python (as PYTHONPATH=tools/python would), and the process-wide engine
+settings are restored after each test that changes them."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+_PACKAGE_DIR = Path(__file__).resolve().parents[2] / "tools" / "python"
+if str(_PACKAGE_DIR) not in sys.path:
+    sys.path.insert(0, str(_PACKAGE_DIR))
+
+import normjit  # noqa: E402
+
+
+def library_or_skip_reason():
+    """(True, path) when libnormjit_c.so loads, else (False, why)."""
+    try:
+        return True, normjit.library_path()
+    except normjit.NormjitError as e:
+        return False, f"libnormjit_c.so cannot be loaded (build it and set NORMJIT_LIBRARY): {e}"
+
+
+@pytest.fixture
+def restore_settings():
+    """Returns the process-wide engine to its environment defaults afterwards."""
+    yield
+    normjit.set_cache_dir(None)
+    normjit.set_tune_policy(None)

@@ -1,0 +1,145 @@
+// The norm family on the GPU against the float64 reference: LayerNorm,
+// fused residual add, weight offset, no weight / bias, casting modes, mixed
+// dtypes and 3-D strided rows, forward and backward; a large-mean LayerNorm;
+// every autotune candidate of LayerNorm and fused-add shapes; determinism.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "check.hpp"
+#include "gpu_harness.hpp"
+#include "test_util.hpp"
+
+using namespace normjit;
+using namespace normjit::test;
+
+namespace {
+
+Engine& variant_engine(TunePolicy policy = TunePolicy::Never) {
+  current_device();  // scratch buffers are allocated before any engine call: make the context current
+  // A private cache directory: tests never read or write the user's cache.
+  auto make = [](TunePolicy p) {
+    EngineOptions o;
+    o.tune_policy = p;
+    o.cache_dir = (std::filesystem::temp_directory_path() /
+                   fmt::format("normjit-gpu-variants-{}-{}", ::getpid(), tune_policy_name(p)))
+                      .string();
+    return o;
+  };
+  static Engine never(make(TunePolicy::Never)), first(make(TunePolicy::OnFirstUse));
+  return policy == TunePolicy::Never ? never : first;
+}
+
+// Runs `op` on fresh random scratch tensors (outputs poisoned: a value the
+// kernel did not write is NaN and fails its check) and checks every output.
+void check_op(Engine& e, Op op, const NormDesc& d, std::uint64_t seed) {
+  Scratch s(op, d, seed);
+  if (op == Op::Backward) {
+    const std::size_t ws = e.backward_workspace_size(d);
+    if (ws) s.workspace = DeviceBuffer(ws);
+  }
+  s.poison();
+  if (op == Op::Forward) e.forward(d, s.forward_tensors(), nullptr);
+  else e.backward(d, s.backward_tensors(), nullptr);
+  for (const auto& c : check_outputs(op, d, s)) {
+    CAPTURE(c.name);
+    CHECK(c.err <= c.tol);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("variants: forward and backward of every variant against float64") {
+  struct Shape {
+    std::int64_t M, N;
+    DType t;
+  };
+  // Narrow rows (several per program), odd N (partial chunks), usual rows,
+  // shared-memory dweight rows, and two-pass rows.
+  const Shape shapes[] = {{8, 64, DType::BF16},  {7, 1000, DType::F16},  {256, 4096, DType::BF16},
+                          {64, 4096, DType::F32}, {40, 12288, DType::BF16}, {8, 65536, DType::F16},
+                          {1, 128, DType::F32}};
+  for (const auto& sh : shapes)
+    for (const auto& v : normjit_test::norm_variants(sh.M, sh.N, sh.t, sh.M % 4 == 0 ? 4 : 1)) {
+      const std::uint64_t seed = fresh_seed();
+      CAPTURE(v.name);
+      CAPTURE(v.desc.str());
+      CAPTURE(seed);
+      for (Op op : {Op::Forward, Op::Backward}) {
+        CAPTURE(op_name(op));
+        check_op(variant_engine(), op, v.desc, seed);
+      }
+    }
+}
+
+TEST_CASE("variants: LayerNorm statistics are stable for a large mean (1e4, std 1)") {
+  for (std::int64_t N : {1000, 4096, 65536}) {  // register rows and two-pass rows
+    NormDesc d = normjit_test::make_desc(16, N, DType::F32, DType::F32);
+    d.norm = NormKind::LayerNorm;
+    d.has_bias = true;
+    d.eps = 1e-5f;
+    CAPTURE(d.str());
+    Scratch s(Op::Forward, d, fresh_seed());
+    Random rng(fresh_seed());
+    std::vector<float> x(static_cast<std::size_t>(d.M * d.N));
+    // Uniform on [-sqrt(3), sqrt(3)] has std 1.
+    for (auto& v : x) v = 1e4f + rng.uniform(-1.7320508f, 1.7320508f);
+    NJ_CU(cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(s.ptr("x")), x.data(), x.size() * 4));
+    s.poison();
+    variant_engine().forward(d, s.forward_tensors(), nullptr);
+    for (const auto& c : check_outputs(Op::Forward, d, s)) {
+      CAPTURE(c.name);
+      CHECK(c.err <= c.tol);
+    }
+    // rstd near 1 (std 1), not the 0.01 or NaN a cancelled variance gives.
+    for (float r : s.download("rstd")) CHECK(std::fabs(r - 1.f) < 0.1f);
+  }
+}
+
+TEST_CASE("variants: every autotune candidate of LayerNorm and fused add + RMSNorm matches the reference") {
+  NormDesc ln = normjit_test::make_desc(2048, 4096, DType::F16, DType::F16);
+  ln.norm = NormKind::LayerNorm;
+  ln.has_bias = true;
+  NormDesc add = normjit_test::make_desc(1024, 2048, DType::BF16, DType::BF16);
+  add.residual = add.store_residual_out = add.has_dresidual = true;
+  NormDesc ln_narrow = normjit_test::make_desc(4096, 256, DType::F16, DType::F16);
+  ln_narrow.norm = NormKind::LayerNorm;
+  ln_narrow.has_bias = true;
+  for (const NormDesc& d : {ln, add, ln_narrow})
+    for (Op op : {Op::Forward, Op::Backward}) {
+      CAPTURE(d.str());
+      CAPTURE(op_name(op));
+      const TuneResult r = variant_engine(TunePolicy::OnFirstUse).tune(op, d);
+      int timed = 0;
+      for (const auto& c : r.candidates) {
+        CAPTURE(c.config.str());
+        // Compile-time rejections (spills) are fine; a wrong result is not.
+        CHECK_FALSE(normjit_test::contains(c.rejected, "reference config"));
+        timed += c.median_us > 0;
+      }
+      CHECK(timed > 1);
+      // The winner (now resolved from memory) against float64.
+      check_op(variant_engine(TunePolicy::OnFirstUse), op, d, fresh_seed());
+    }
+}
+
+TEST_CASE("variants: the LayerNorm backward is deterministic") {
+  NormDesc d = normjit_test::make_desc(3000, 4096, DType::BF16, DType::BF16);
+  d.norm = NormKind::LayerNorm;
+  d.has_bias = true;
+  Scratch s(Op::Backward, d, fresh_seed());
+  s.workspace = DeviceBuffer(std::max<std::size_t>(16, variant_engine().backward_workspace_size(d)));
+  std::vector<std::vector<float>> first;
+  for (int run = 0; run < 3; ++run) {
+    s.poison();
+    variant_engine().backward(d, s.backward_tensors(), nullptr);
+    std::vector<std::vector<float>> out = {s.download("dx"), s.download("dweight"), s.download("dbias")};
+    if (run == 0) first = out;
+    else CHECK(std::memcmp(out[1].data(), first[1].data(), out[1].size() * 4) == 0);
+    if (run > 0) CHECK(std::memcmp(out[2].data(), first[2].data(), out[2].size() * 4) == 0);
+  }
+}

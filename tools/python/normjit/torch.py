@@ -1,0 +1,597 @@
+"""PyTorch front end of normjit: functions, autograd functions and nn.Modules.
+
+RMSNorm (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization"):
+    y = x * rstd * w' (+ bias),  rstd = 1 / sqrt(mean(x^2) + eps)
+LayerNorm (Ba et al. 2016, "Layer Normalization"):
+    y = (x - mean) * rstd * w' + bias,  rstd = 1 / sqrt(mean((x - mean)^2) + eps)
+with w' = weight + weight_offset (1 + weight_offset without a weight), the
+mean and rstd over the last N elements of each row (N = the product of
+normalized_shape), computed in fp32.
+
+The functions have the signatures and semantics of torch.nn.functional's
+rms_norm and layer_norm, plus keyword-only extras; the modules are drop-in
+replacements of torch.nn.RMSNorm / torch.nn.LayerNorm (same parameters and
+state_dict keys). Tensors must be CUDA tensors of dtype float32, float16 or
+bfloat16 (weight and bias may have a dtype other than x's). Kernels run on
+torch.cuda.current_stream(x.device). Outputs are new contiguous tensors.
+
+Inputs whose rows are not contiguous are read through strides without a copy
+when the leading dimensions collapse to one row stride, or (without a
+residual) to tokens x heads, e.g. a per-head QK-norm on
+``qkv[..., :heads * D].view(T, heads, D)``; other layouts are copied with
+.contiguous() first.
+"""
+
+import ctypes
+import math
+import numbers
+
+import torch
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+from . import _capi, _engine_handle
+
+__all__ = [
+    "AddLayerNormFunction",
+    "AddRMSNormFunction",
+    "LayerNorm",
+    "LayerNormFunction",
+    "RMSNorm",
+    "RMSNormFunction",
+    "add_layer_norm",
+    "add_rms_norm",
+    "layer_norm",
+    "replace_norms",
+    "rms_norm",
+]
+
+_DTYPES = {torch.float32: _capi.FP32, torch.float16: _capi.FP16, torch.bfloat16: _capi.BF16}
+_CAST_MODES = {"default": _capi.CAST_DEFAULT, "llama": _capi.CAST_LLAMA, "gemma": _capi.CAST_GEMMA}
+_RESIDUAL_ROUNDING = {"residual": _capi.RESIDUAL_ROUND_RESIDUAL_DTYPE, "fp32": _capi.RESIDUAL_ROUND_FP32}
+
+
+# ---- argument checks --------------------------------------------------------
+
+
+def _check_tensor(name, t, device=None):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} is on device '{t.device}': normjit runs on CUDA tensors only (move it with .cuda())")
+    if t.dtype not in _DTYPES:
+        raise TypeError(f"{name}.dtype = {t.dtype} is not supported: use torch.float32, torch.float16 or torch.bfloat16")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on device '{t.device}' but x is on '{device}'")
+
+
+def _normalized(x, normalized_shape):
+    """normalized_shape as a tuple, and N = the product of its sizes."""
+    if isinstance(normalized_shape, numbers.Integral):
+        shape = (int(normalized_shape),)
+    else:
+        try:
+            shape = tuple(int(s) for s in normalized_shape)
+        except TypeError:
+            raise TypeError(
+                f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}") from None
+    if not shape or len(shape) > x.dim() or tuple(x.shape[x.dim() - len(shape):]) != shape:
+        raise ValueError(
+            f"normalized_shape = {list(shape)} does not match the trailing dimensions of x.shape = {list(x.shape)}")
+    return shape, math.prod(shape)
+
+
+def _check_param(name, p, shape, device):
+    if p is None:
+        return
+    _check_tensor(name, p, device)
+    if tuple(p.shape) != shape:
+        raise ValueError(f"{name}.shape = {list(p.shape)} must equal normalized_shape = {list(shape)}")
+
+
+def _option(name, value, table):
+    if value not in table:
+        raise ValueError(f"{name} = {value!r} is not one of {', '.join(repr(k) for k in table)}")
+    return table[value]
+
+
+def _number(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}: {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} = {value} must be finite")
+    return value
+
+
+# ---- layouts ----------------------------------------------------------------
+
+
+def _leading_dims(t, k):
+    """t's leading dims (all but the last k) as (size, stride) pairs, size-1
+    dims dropped and mergeable neighbours merged; None when the last k dims
+    are not one contiguous block of elements."""
+    shape, strides = t.shape, t.stride()
+    expect = 1
+    for i in range(t.dim() - 1, t.dim() - 1 - k, -1):
+        if shape[i] != 1 and strides[i] != expect:
+            return None
+        expect *= shape[i]
+    dims = []
+    for size, stride in zip(shape[: t.dim() - k], strides[: t.dim() - k]):
+        if size == 1:
+            continue
+        if dims and dims[-1][1] == stride * size:
+            dims[-1] = (dims[-1][0] * size, stride)
+        else:
+            dims.append((size, stride))
+    return dims
+
+
+def _rows(t, k, N, heads=None):
+    """How to read t's rows: (tensor, heads, token_stride, head_stride), the
+    strides in elements, 0 = contiguous. heads=None: tokens x heads allowed
+    and found here; heads=1: 2-D rows only; heads=H: t must be readable as
+    tokens x H rows. The tensor is t, or t.contiguous() when its layout does
+    not fit."""
+    dims = _leading_dims(t, k)
+    if dims is not None:
+        if len(dims) == 0:  # a single row
+            return t, heads or 1, 0, 0
+        if len(dims) == 1:
+            (_, s), = dims
+            if s >= N:
+                if heads is None or heads == 1:
+                    return t, 1, s, 0
+                return t, heads, heads * s, s
+        if len(dims) == 2 and heads != 1:
+            (_, ts), (h, hs) = dims
+            if (heads is None or heads == h) and hs >= N and ts >= h * hs:
+                return t, h, ts, hs
+    return t.contiguous(), heads or 1, 0, 0
+
+
+def _stream(device):
+    return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+
+
+def _ptr(t):
+    return t.data_ptr() if t is not None else None
+
+
+# ---- the engine calls -------------------------------------------------------
+
+
+def _forward(ctx, norm, x, residual, normalized_shape, weight, bias, eps, weight_offset, cast_mode,
+             residual_rounding):
+    """Runs the forward; fills ctx for _backward. Returns (y, h or None)."""
+    _check_tensor("x", x)
+    shape, N = _normalized(x, normalized_shape)
+    _check_param("weight", weight, shape, x.device)
+    _check_param("bias", bias, shape, x.device)
+    if residual is not None:
+        _check_tensor("residual", residual, x.device)
+        if residual.shape != x.shape:
+            raise ValueError(f"residual.shape = {list(residual.shape)} must equal x.shape = {list(x.shape)}")
+    eps = _number("eps", eps)
+    if eps < 0:
+        raise ValueError(f"eps = {eps} must be >= 0")
+    weight_offset = _number("weight_offset", weight_offset)
+    if weight_offset != 0.0 and weight is None:
+        raise ValueError(f"weight_offset = {weight_offset} needs a weight (w' = weight + weight_offset); "
+                         "without one w' = 1")
+    cast = _option("cast_mode", cast_mode, _CAST_MODES)
+    rounding = _option("residual_rounding", residual_rounding, _RESIDUAL_ROUNDING)
+
+    k = len(shape)
+    M = x.numel() // N if N else 0
+    d = _capi.new_desc()
+    d.norm = norm
+    d.M = M
+    d.N = N
+    d.eps = eps
+    d.weight_offset = weight_offset
+    d.cast_mode = cast
+    d.x_dtype = d.y_dtype = _DTYPES[x.dtype]
+    # weight and bias share weight_dtype: bias follows weight's dtype.
+    w = weight.contiguous() if weight is not None else None
+    b = None
+    if bias is not None:
+        b = (bias.to(w.dtype) if w is not None else bias).contiguous()
+    pdtype = w.dtype if w is not None else (b.dtype if b is not None else x.dtype)
+    d.weight_dtype = _DTYPES[pdtype]
+    d.has_weight = int(w is not None)
+    d.has_bias = int(b is not None)
+    d.store_rstd = 1
+    d.store_mean = int(norm == _capi.NORM_LAYER)
+
+    if residual is not None:
+        x_in, _, xs, _ = _rows(x, k, N, heads=1)
+        r_in, _, rs, _ = _rows(residual, k, N, heads=1)
+        d.x_stride = xs
+        d.residual = 1
+        d.store_residual_out = 1
+        d.residual_stride = rs
+        d.residual_dtype = d.residual_out_dtype = _DTYPES[residual.dtype]
+        d.residual_rounding = rounding
+        h = torch.empty(x.shape, dtype=residual.dtype, device=x.device)
+    else:
+        x_in, heads, xs, hs = _rows(x, k, N)
+        r_in, h = None, None
+        d.heads = heads
+        d.x_stride = xs
+        d.x_head_stride = hs
+
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rstd = torch.empty(M, dtype=torch.float32, device=x.device)
+    mean = torch.empty(M, dtype=torch.float32, device=x.device) if d.store_mean else None
+    if M > 0:
+        t = _capi.new_forward_tensors()
+        t.x, t.residual, t.weight, t.bias = _ptr(x_in), _ptr(r_in), _ptr(w), _ptr(b)
+        t.y, t.residual_out, t.mean, t.rstd = _ptr(y), _ptr(h), _ptr(mean), _ptr(rstd)
+        with torch.cuda.device(x.device):
+            _capi.check(_capi.load().normjit_forward(_engine_handle(), ctypes.byref(d), ctypes.byref(t),
+                                                     _stream(x.device)))
+    if ctx is not None:
+        ctx.desc = _capi.copy_desc(d)
+        ctx.k = k
+        ctx.x_dtype = x.dtype
+        ctx.residual_dtype = residual.dtype if residual is not None else None
+        ctx.weight_dtype = weight.dtype if weight is not None else None
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        # The backward reads the normalised input: x (through its strides) or h.
+        ctx.save_for_backward(h if residual is not None else x_in, w, b, mean, rstd)
+        ctx.set_materialize_grads(False)
+    return y, h
+
+
+def _backward(ctx, dy, dh):
+    """Returns (dx, dweight, dbias); dx in the normalised input's dtype."""
+    xin, w, b, mean, rstd = ctx.saved_tensors
+    d = _capi.copy_desc(ctx.desc)
+    N, k, M = d.N, ctx.k, d.M
+    y_dtype = ctx.x_dtype
+    if dy is None:
+        dy = torch.zeros(xin.shape, dtype=y_dtype, device=xin.device)
+    elif dy.dtype != y_dtype:
+        dy = dy.to(y_dtype)
+    dx_dtype = ctx.residual_dtype if d.residual else ctx.x_dtype
+    dx = torch.empty(xin.shape, dtype=dx_dtype, device=xin.device)
+    dweight = torch.empty_like(w) if w is not None else None
+    dbias = torch.empty_like(b) if b is not None else None
+    if M == 0:
+        if dweight is not None:
+            dweight.zero_()
+        if dbias is not None:
+            dbias.zero_()
+        return dx, dweight, dbias
+
+    dy_in, _, dys, dyhs = _rows(dy, k, N, heads=d.heads)
+    d.dy_stride, d.dy_head_stride = dys, dyhs
+    dres = None
+    if d.residual:
+        # The backward reads h (contiguous) as its x and writes dx = dL/dh in h's dtype.
+        d.x_dtype = d.residual_out_dtype
+        d.x_stride = 0
+        if dh is not None:
+            if dh.dtype != ctx.residual_dtype:
+                dh = dh.to(ctx.residual_dtype)
+            dres, _, drs, _ = _rows(dh, k, N, heads=1)
+            d.has_dresidual = 1
+            d.dresidual_stride = drs
+    lib = _capi.load()
+    handle = _engine_handle()
+    with torch.cuda.device(xin.device):
+        nbytes = ctypes.c_size_t(0)
+        _capi.check(lib.normjit_backward_workspace_size(handle, ctypes.byref(d), ctypes.byref(nbytes)))
+        ws = torch.empty(nbytes.value, dtype=torch.uint8, device=xin.device) if nbytes.value else None
+        t = _capi.new_backward_tensors()
+        t.dy, t.x, t.weight, t.mean, t.rstd = _ptr(dy_in), _ptr(xin), _ptr(w), _ptr(mean), _ptr(rstd)
+        t.dresidual, t.dx, t.dweight, t.dbias = _ptr(dres), _ptr(dx), _ptr(dweight), _ptr(dbias)
+        t.workspace, t.workspace_bytes = _ptr(ws), nbytes.value
+        _capi.check(lib.normjit_backward(handle, ctypes.byref(d), ctypes.byref(t), _stream(xin.device)))
+    return dx, dweight, dbias
+
+
+def _param_grads(ctx, dweight, dbias, i_weight, i_bias):
+    gw = dweight.to(ctx.weight_dtype) if dweight is not None and ctx.needs_input_grad[i_weight] else None
+    gb = None
+    if dbias is not None and i_bias is not None and ctx.needs_input_grad[i_bias]:
+        gb = dbias.to(ctx.bias_dtype)
+    return gw, gb
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """Autograd function of RMSNorm (Zhang & Sennrich 2019).
+
+    apply(x, normalized_shape, weight, eps, weight_offset, cast_mode) -> y
+    Arguments as rms_norm(); eps must be a float here. Backward: dx and
+    dweight from the engine (deterministic), using the forward's rstd.
+    """
+
+    @staticmethod
+    def forward(ctx, x, normalized_shape, weight, eps, weight_offset, cast_mode):
+        y, _ = _forward(ctx, _capi.NORM_RMS, x, None, normalized_shape, weight, None, eps, weight_offset, cast_mode,
+                        "residual")
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        dx, dweight, _ = _backward(ctx, dy, None)
+        gw, _ = _param_grads(ctx, dweight, None, 2, None)
+        return (dx if ctx.needs_input_grad[0] else None), None, gw, None, None, None
+
+
+class LayerNormFunction(torch.autograd.Function):
+    """Autograd function of LayerNorm (Ba et al. 2016).
+
+    apply(x, normalized_shape, weight, bias, eps, weight_offset, cast_mode) -> y
+    Arguments as layer_norm(). Backward: dx, dweight and dbias from the
+    engine (deterministic), using the forward's mean and rstd.
+    """
+
+    @staticmethod
+    def forward(ctx, x, normalized_shape, weight, bias, eps, weight_offset, cast_mode):
+        y, _ = _forward(ctx, _capi.NORM_LAYER, x, None, normalized_shape, weight, bias, eps, weight_offset,
+                        cast_mode, "residual")
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        dx, dweight, dbias = _backward(ctx, dy, None)
+        gw, gb = _param_grads(ctx, dweight, dbias, 2, 3)
+        return (dx if ctx.needs_input_grad[0] else None), None, gw, gb, None, None, None
+
+
+def _residual_grads(ctx, dx):
+    gx = dx.to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
+    gr = dx.to(ctx.residual_dtype) if ctx.needs_input_grad[1] else None
+    return gx, gr
+
+
+class AddRMSNormFunction(torch.autograd.Function):
+    """Autograd function of the fused residual add + RMSNorm.
+
+    apply(x, residual, normalized_shape, weight, eps, weight_offset, cast_mode,
+    residual_rounding) -> (y, h), h = x + residual in residual's dtype,
+    y = RMSNorm(h). Backward: dL/dh (plus h's own gradient when it has one)
+    goes to both x and residual.
+    """
+
+    @staticmethod
+    def forward(ctx, x, residual, normalized_shape, weight, eps, weight_offset, cast_mode, residual_rounding):
+        return _forward(ctx, _capi.NORM_RMS, x, residual, normalized_shape, weight, None, eps, weight_offset,
+                        cast_mode, residual_rounding)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, dh):
+        dx, dweight, _ = _backward(ctx, dy, dh)
+        gx, gr = _residual_grads(ctx, dx)
+        gw, _ = _param_grads(ctx, dweight, None, 3, None)
+        return gx, gr, None, gw, None, None, None, None
+
+
+class AddLayerNormFunction(torch.autograd.Function):
+    """Autograd function of the fused residual add + LayerNorm.
+
+    apply(x, residual, normalized_shape, weight, bias, eps, weight_offset,
+    cast_mode, residual_rounding) -> (y, h); as AddRMSNormFunction.
+    """
+
+    @staticmethod
+    def forward(ctx, x, residual, normalized_shape, weight, bias, eps, weight_offset, cast_mode, residual_rounding):
+        return _forward(ctx, _capi.NORM_LAYER, x, residual, normalized_shape, weight, bias, eps, weight_offset,
+                        cast_mode, residual_rounding)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, dh):
+        dx, dweight, dbias = _backward(ctx, dy, dh)
+        gx, gr = _residual_grads(ctx, dx)
+        gw, gb = _param_grads(ctx, dweight, dbias, 3, 4)
+        return gx, gr, None, gw, gb, None, None, None, None
+
+
+# ---- functional API ---------------------------------------------------------
+
+
+def _default_eps(x, eps):
+    _check_tensor("x", x)
+    return torch.finfo(x.dtype).eps if eps is None else eps
+
+
+def rms_norm(x, normalized_shape, weight=None, eps=None, *, weight_offset=0.0, cast_mode="default"):
+    """RMSNorm (Zhang & Sennrich 2019) over the trailing dims, as torch.nn.functional.rms_norm.
+
+    x: CUDA tensor [..., *normalized_shape], float32 / float16 / bfloat16.
+    normalized_shape: int or sequence of ints equal to x's trailing dims; N is
+        their product (1 <= N <= 262144).
+    weight: None or a tensor of shape normalized_shape on x's device (any of
+        the three dtypes).
+    eps: added to mean(x^2); None = torch.finfo(x.dtype).eps.
+    weight_offset: y = x * rstd * (weight + weight_offset); 1.0 for Gemma's
+        zero-centred weight. Needs a weight (ValueError otherwise).
+    cast_mode: "default" (all in fp32, rounded once, as torch), "llama"
+        (x * rstd rounded to x's dtype before the weight, as Hugging Face
+        Llama), "gemma" (all in fp32, cast at the end).
+    Returns y: a new contiguous tensor of x's shape and dtype. Differentiable
+    in x and weight.
+    Raises TypeError / ValueError for a bad argument (naming it and its
+    value), normjit.NormjitError when the engine fails.
+    """
+    eps = _default_eps(x, eps)
+    return RMSNormFunction.apply(x, normalized_shape, weight, eps, weight_offset, cast_mode)
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, weight_offset=0.0, cast_mode="default"):
+    """LayerNorm (Ba et al. 2016) over the trailing dims, as torch.nn.functional.layer_norm.
+
+    x, normalized_shape, weight, weight_offset, cast_mode: as rms_norm().
+    bias: None or a tensor of shape normalized_shape (added after the weight).
+    eps: added to the variance (default 1e-5).
+    Returns y of x's shape and dtype; differentiable in x, weight and bias.
+    """
+    _check_tensor("x", x)
+    return LayerNormFunction.apply(x, normalized_shape, weight, bias, eps, weight_offset, cast_mode)
+
+
+def add_rms_norm(x, residual, normalized_shape, weight=None, eps=None, *, weight_offset=0.0, cast_mode="default",
+                 residual_rounding="residual"):
+    """Fused residual add and RMSNorm: h = x + residual, y = rms_norm(h).
+
+    x, residual: CUDA tensors of one shape [..., *normalized_shape] (dtypes
+        may differ); their rows must be 2-D (no tokens x heads views).
+    residual_rounding: "residual" (h rounded to residual's dtype is
+        normalised, as the unfused `h = x + residual` of model code) or
+        "fp32" (the fp32 sum is normalised).
+    Other arguments as rms_norm().
+    Returns (y, h): y in x's dtype, h in residual's dtype, both new and
+    contiguous. Gradients reaching y and h flow to x and residual alike.
+    """
+    eps = _default_eps(x, eps)
+    return AddRMSNormFunction.apply(x, residual, normalized_shape, weight, eps, weight_offset, cast_mode,
+                                    residual_rounding)
+
+
+def add_layer_norm(x, residual, normalized_shape, weight=None, bias=None, eps=1e-5, *, weight_offset=0.0,
+                   cast_mode="default", residual_rounding="residual"):
+    """Fused residual add and LayerNorm: h = x + residual, y = layer_norm(h).
+
+    Arguments and results as add_rms_norm() and layer_norm().
+    """
+    _check_tensor("x", x)
+    return AddLayerNormFunction.apply(x, residual, normalized_shape, weight, bias, eps, weight_offset, cast_mode,
+                                      residual_rounding)
+
+
+# ---- modules ----------------------------------------------------------------
+
+
+def _shape_tuple(normalized_shape):
+    if isinstance(normalized_shape, numbers.Integral):
+        return (int(normalized_shape),)
+    return tuple(int(s) for s in normalized_shape)
+
+
+class RMSNorm(nn.Module):
+    """Drop-in for torch.nn.RMSNorm running normjit's kernels (Zhang & Sennrich 2019).
+
+    normalized_shape, eps (None = torch.finfo(x.dtype).eps),
+    elementwise_affine, device, dtype: as torch.nn.RMSNorm; the parameter
+    "weight" has shape normalized_shape (absent without elementwise_affine),
+    so state_dicts load either way. Keyword-only extras: weight_offset (the
+    weight is then initialised to 1 - weight_offset, so w' starts at 1) and
+    cast_mode, as rms_norm().
+    """
+
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None, dtype=None, *,
+                 weight_offset=0.0, cast_mode="default"):
+        super().__init__()
+        self.normalized_shape = _shape_tuple(normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        self.weight_offset = float(weight_offset)
+        _option("cast_mode", cast_mode, _CAST_MODES)
+        self.cast_mode = cast_mode
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.empty(self.normalized_shape, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        if self.weight is not None:
+            nn.init.constant_(self.weight, 1.0 - self.weight_offset)
+
+    def forward(self, x):
+        return rms_norm(x, self.normalized_shape, self.weight, self.eps, weight_offset=self.weight_offset,
+                        cast_mode=self.cast_mode)
+
+    def extra_repr(self):
+        s = f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        if self.weight_offset:
+            s += f", weight_offset={self.weight_offset}"
+        if self.cast_mode != "default":
+            s += f", cast_mode={self.cast_mode!r}"
+        return s
+
+
+class LayerNorm(nn.Module):
+    """Drop-in for torch.nn.LayerNorm running normjit's kernels (Ba et al. 2016).
+
+    normalized_shape, eps (default 1e-5), elementwise_affine, bias, device,
+    dtype: as torch.nn.LayerNorm; parameters "weight" (ones) and "bias"
+    (zeros) of shape normalized_shape, absent as in torch. Keyword-only
+    extras weight_offset and cast_mode as RMSNorm.
+    """
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None, *,
+                 weight_offset=0.0, cast_mode="default"):
+        super().__init__()
+        self.normalized_shape = _shape_tuple(normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        self.weight_offset = float(weight_offset)
+        _option("cast_mode", cast_mode, _CAST_MODES)
+        self.cast_mode = cast_mode
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.empty(self.normalized_shape, device=device, dtype=dtype))
+            if bias:
+                self.bias = nn.Parameter(torch.empty(self.normalized_shape, device=device, dtype=dtype))
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        if self.weight is not None:
+            nn.init.constant_(self.weight, 1.0 - self.weight_offset)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, x):
+        return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps,
+                          weight_offset=self.weight_offset, cast_mode=self.cast_mode)
+
+    def extra_repr(self):
+        s = f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        if self.weight_offset:
+            s += f", weight_offset={self.weight_offset}"
+        if self.cast_mode != "default":
+            s += f", cast_mode={self.cast_mode!r}"
+        return s
+
+
+def replace_norms(module):
+    """Replaces every torch.nn.RMSNorm and torch.nn.LayerNorm submodule of
+    `module` (exact types, not subclasses, which may compute something else)
+    by normjit's RMSNorm / LayerNorm, in place. The new modules keep the same
+    Parameter objects (so optimizers and tied weights stay valid), eps,
+    normalized_shape and training mode. `module` itself is not replaced.
+    Returns the number of submodules replaced.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    torch_rms = getattr(nn, "RMSNorm", None)
+    count = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if torch_rms is not None and type(child) is torch_rms:
+                new = RMSNorm(child.normalized_shape, child.eps, child.elementwise_affine, device="meta")
+                new.weight = child.weight
+            elif type(child) is nn.LayerNorm:
+                new = LayerNorm(child.normalized_shape, child.eps, child.elementwise_affine,
+                                bias=child.bias is not None, device="meta")
+                new.weight = child.weight
+                new.bias = child.bias
+            else:
+                continue
+            new.train(child.training)
+            setattr(parent, name, new)
+            count += 1
+    return count
