@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job on the embedded default (Qwen3-8B): install, build, compile
-# every kernel variant for sm_90, then on a GPU tune every RMSNorm shape of
+# every kernel variant for sm_90, then on a GPU tune every norm shape of
 # the model, check each tuned kernel against the float64 reference and print
 # the benchmark table.
 #   NORMJIT_MODEL      model config (default autotune_cache/models/qwen3-8b.config.json)
@@ -18,7 +18,7 @@ nj="$build/normjit"
 echo "== compiling every kernel variant of $(basename "$model") for sm_90 (NVRTC, no GPU needed)"
 "$nj" compile --arch sm_90 --model "$model"
 
-echo "== tuning every RMSNorm shape of $(basename "$model")"
+echo "== tuning every norm shape of $(basename "$model")"
 set +e
 "$nj" tune --model "$model"
 rc=$?
