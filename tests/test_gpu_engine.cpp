@@ -13,26 +13,13 @@ using namespace normjit;
 using namespace normjit::test;
 using normjit_test::make_temp_dir;
 
-namespace {
-
-NormDesc desc_of(std::int64_t M, std::int64_t N, DType t, DType w) {
-  NormDesc d;
-  d.M = M;
-  d.N = N;
-  d.x_dtype = d.y_dtype = t;
-  d.weight_dtype = w;
-  return d;
-}
-
-}  // namespace
-
 TEST_CASE("every autotune candidate matches the float64 reference") {
   const DeviceInfo dev = device_info(current_device());
   const auto kdir = make_temp_dir("kernels");
   KernelCache jit(kdir->string());
-  const NormDesc shapes[] = {desc_of(777, 128, DType::BF16, DType::BF16), desc_of(300, 4096, DType::BF16, DType::F32),
-                             desc_of(257, 1000, DType::F16, DType::F16), desc_of(64, 5120, DType::F32, DType::F32),
-                             desc_of(130, 16384, DType::BF16, DType::BF16), desc_of(9, 262144, DType::BF16, DType::BF16)};
+  const NormDesc shapes[] = {normjit_test::make_desc(777, 128, DType::BF16, DType::BF16), normjit_test::make_desc(300, 4096, DType::BF16, DType::F32),
+                             normjit_test::make_desc(257, 1000, DType::F16, DType::F16), normjit_test::make_desc(64, 5120, DType::F32, DType::F32),
+                             normjit_test::make_desc(130, 16384, DType::BF16, DType::BF16), normjit_test::make_desc(9, 262144, DType::BF16, DType::BF16)};
   for (const NormDesc& d : shapes) {
     const std::uint64_t seed = fresh_seed();
     CAPTURE(d.str());
@@ -104,7 +91,7 @@ TEST_CASE("every autotune candidate matches the float64 reference") {
 TEST_CASE("tuning stores a winner that later engines find; policies behave") {
   const auto tmp = make_temp_dir("cache");
   const std::string dir = tmp->string();
-  const NormDesc d = desc_of(4096, 2048, DType::BF16, DType::BF16);
+  const NormDesc d = normjit_test::make_desc(4096, 2048, DType::BF16, DType::BF16);
   EngineOptions o;
   o.cache_dir = dir;
 
@@ -165,7 +152,7 @@ TEST_CASE("one engine used from several threads at once gives correct results") 
   Random rng(fresh_seed());
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     Job& j = jobs[i];
-    j.d = desc_of(333, Ns[i], i % 2 ? DType::F16 : DType::BF16, DType::F32);
+    j.d = normjit_test::make_desc(333, Ns[i], i % 2 ? DType::F16 : DType::BF16, DType::F32);
     j.x = std::make_unique<Tensor>(j.d.x_dtype, j.d.M, j.d.N, j.d.N);
     j.w = std::make_unique<Tensor>(j.d.weight_dtype, 1, j.d.N, j.d.N);
     j.y = std::make_unique<Tensor>(j.d.y_dtype, j.d.M, j.d.N, j.d.N);

@@ -12,53 +12,6 @@
 
 namespace normjit::detail {
 
-/// RMSNorm forward on raw host buffers laid out as the device's (row
-/// strides from `d`); returns y (M x N, dense) and rstd (M) in float64.
-inline void rms_forward_reference(const NormDesc& d, const void* x, const void* w, std::vector<double>* y,
-                                  std::vector<double>* rstd) {
-  y->assign(static_cast<std::size_t>(d.M * d.N), 0.0);
-  rstd->assign(static_cast<std::size_t>(d.M), 0.0);
-  for (std::int64_t i = 0; i < d.M; ++i) {
-    double ss = 0;
-    for (std::int64_t j = 0; j < d.N; ++j) {
-      const double v = load_as(d.x_dtype, x, i * d.x_ld() + j);
-      ss += v * v;
-    }
-    const double r = 1.0 / std::sqrt(ss / d.N + static_cast<double>(d.eps));
-    (*rstd)[i] = r;
-    for (std::int64_t j = 0; j < d.N; ++j)
-      (*y)[i * d.N + j] = load_as(d.x_dtype, x, i * d.x_ld() + j) * r * load_as(d.weight_dtype, w, j);
-  }
-}
-
-/// RMSNorm backward with the given rstd; returns dx (M x N, dense) and dw
-/// (N), and in dx_scale (if given) |rstd*dy*w| + |rstd*xhat*c| per element:
-/// the size of the two terms whose difference is dx. When they nearly cancel
-/// (N = 1, say) dx is tiny and only an error measured against them is fair.
-inline void rms_backward_reference(const NormDesc& d, const void* dy, const void* x, const void* w,
-                                   const float* rstd, std::vector<double>* dx, std::vector<double>* dw,
-                                   std::vector<double>* dx_scale = nullptr) {
-  if (dx_scale) dx_scale->assign(static_cast<std::size_t>(d.M * d.N), 0.0);
-  dx->assign(static_cast<std::size_t>(d.M * d.N), 0.0);
-  dw->assign(static_cast<std::size_t>(d.N), 0.0);
-  for (std::int64_t i = 0; i < d.M; ++i) {
-    const double r = rstd[i];
-    double dot = 0;
-    for (std::int64_t j = 0; j < d.N; ++j)
-      dot += load_as(d.y_dtype, dy, i * d.dy_ld() + j) * load_as(d.weight_dtype, w, j) *
-             load_as(d.x_dtype, x, i * d.x_ld() + j) * r;
-    const double c = dot / d.N;
-    for (std::int64_t j = 0; j < d.N; ++j) {
-      const double xh = load_as(d.x_dtype, x, i * d.x_ld() + j) * r;
-      const double g = load_as(d.y_dtype, dy, i * d.dy_ld() + j);
-      const double gw = g * load_as(d.weight_dtype, w, j);
-      (*dx)[i * d.N + j] = r * (gw - xh * c);
-      if (dx_scale) (*dx_scale)[i * d.N + j] = std::fabs(r * gw) + std::fabs(r * xh * c);
-      (*dw)[j] += g * xh;
-    }
-  }
-}
-
 /// Tensors by name (op_tensors' names), each its rows one after another
 /// (rows x cols, no gaps), as float64.
 using HostTensors = std::map<std::string, std::vector<double>>;
@@ -162,6 +115,41 @@ inline HostTensors backward_reference(const NormDesc& d, const HostTensors& in) 
   if (d.has_weight) out["dweight"] = std::move(dw);
   if (ln && d.has_bias) out["dbias"] = std::move(db);
   return out;
+}
+
+/// The rows x n values of a raw host buffer with leading dimension ld, as float64.
+inline std::vector<double> host_rows(DType t, const void* p, std::int64_t rows, std::int64_t ld, std::int64_t n) {
+  std::vector<double> v;
+  v.reserve(static_cast<std::size_t>(rows * n));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < n; ++j) v.push_back(load_as(t, p, r * ld + j));
+  return v;
+}
+
+/// RMSNorm forward_reference on raw host buffers laid out as the device's
+/// (row strides from `d`); returns y (M x N, dense) and rstd (M).
+inline void rms_forward_reference(const NormDesc& d, const void* x, const void* w, std::vector<double>* y,
+                                  std::vector<double>* rstd) {
+  NormDesc r = d;
+  r.store_rstd = true;
+  HostTensors out = forward_reference(
+      r, {{"x", host_rows(d.x_dtype, x, d.M, d.x_ld(), d.N)}, {"weight", host_rows(d.weight_dtype, w, 1, d.N, d.N)}});
+  *y = std::move(out["y"]);
+  *rstd = std::move(out["rstd"]);
+}
+
+/// RMSNorm backward_reference on raw host buffers with the given rstd;
+/// returns dx (M x N, dense), dw (N) and, if asked, dx_scale.
+inline void rms_backward_reference(const NormDesc& d, const void* dy, const void* x, const void* w,
+                                   const float* rstd, std::vector<double>* dx, std::vector<double>* dw,
+                                   std::vector<double>* dx_scale = nullptr) {
+  HostTensors out = backward_reference(d, {{"dy", host_rows(d.y_dtype, dy, d.M, d.dy_ld(), d.N)},
+                                           {"x", host_rows(d.x_dtype, x, d.M, d.x_ld(), d.N)},
+                                           {"weight", host_rows(d.weight_dtype, w, 1, d.N, d.N)},
+                                           {"rstd", std::vector<double>(rstd, rstd + d.M)}});
+  *dx = std::move(out["dx"]);
+  *dw = std::move(out["dweight"]);
+  if (dx_scale) *dx_scale = std::move(out["dx_scale"]);
 }
 
 /// ||got - ref|| / ||scale||; +inf if any got is NaN/inf.
