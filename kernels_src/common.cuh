@@ -39,13 +39,29 @@ template <class T, int VEC> struct alignas(sizeof(T) * VEC) Vec {
 };
 
 // Row layout shared by all row kernels: a row of N elements is cut into
-// CHUNKS chunks of VEC; thread `lane` of the TPR threads of a row owns chunks
-// lane, lane + TPR, ... (ITERS of them), so a warp's accesses are contiguous.
-template <int N, int VEC, int TPR> struct RowLayout {
+// CHUNKS chunks of VEC; a cluster of C CTAs splits them into C slices of
+// SLICE_CHUNKS (C = 1: one slice, the whole row); thread `lane` of the TPR
+// threads of a row in a CTA owns chunks lane, lane + TPR, ... of its slice
+// (ITERS of them), so a warp's accesses are contiguous.
+template <int N, int VEC, int TPR, int C = 1> struct RowLayout {
   static constexpr int CHUNKS = (N + VEC - 1) / VEC;
-  static constexpr int ITERS = (CHUNKS + TPR - 1) / TPR;
+  static constexpr int SLICE_CHUNKS = (CHUNKS + C - 1) / C;
+  static constexpr int SLICE = SLICE_CHUNKS * VEC;  // columns per CTA
+  static constexpr int ITERS = (SLICE_CHUNKS + TPR - 1) / TPR;
   // Every chunk of every thread is in range and whole: no guards at all.
-  static constexpr bool EXACT = N % (VEC * TPR) == 0;
+  static constexpr bool EXACT = N % (VEC * TPR * C) == 0;
+};
+
+// The columns of one thread: chunk i starts at col(i) and is part of the row
+// (and of this CTA's slice) when in(i).
+template <int N, int VEC, int TPR, int C = 1> struct ThreadCols {
+  using L = RowLayout<N, VEC, TPR, C>;
+  int c0, lane;  // first column of the CTA's slice; the thread's lane in its row
+  __device__ __forceinline__ int chunk(int i) const { return lane + i * TPR; }
+  __device__ __forceinline__ int col(int i) const { return c0 + chunk(i) * VEC; }
+  __device__ __forceinline__ bool in(int i) const {
+    return L::EXACT || (chunk(i) < L::SLICE_CHUNKS && col(i) < N);
+  }
 };
 
 // Loads the chunk starting at column `col` of a row; columns >= N read as 0.
@@ -114,6 +130,67 @@ __device__ __forceinline__ void row_reduce(float (&v)[K], float (*smem)[kWarpsPe
     }
     __syncthreads();  // smem is reused by the next call
   }
+}
+
+// Thread-block clusters (sm_90+): the CTAs of a cluster split one row, and
+// each CTA's partial row statistics reach the others through distributed
+// shared memory (DSMEM). Used only when C > 1, so C = 1 kernels still
+// compile for older GPUs.
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_id() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned num_clusters() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
+  return r;
+}
+// Arrive (release: this CTA's shared-memory writes become visible to the
+// cluster) and wait (acquire) are split so independent work can go between.
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_sync() {
+  cluster_arrive();
+  cluster_wait();
+}
+// Reads the float at `p` (this CTA's shared memory) in CTA `rank`'s copy.
+__device__ __forceinline__ float ld_dsmem(const float* p, unsigned rank) {
+  unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(p)), remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+
+// Cluster exchange of K per-CTA values (every thread of the CTA holds them,
+// as row_reduce leaves them): afterwards lane r < C of every warp holds rank
+// r's values, the other lanes 0. `slot` is [2][K] shared floats used
+// alternately (parity), so one barrier per exchange suffices: a CTA can only
+// rewrite a slot after every CTA has passed the next exchange's barrier,
+// i.e. finished reading it. Every thread of the cluster must call it.
+template <int C, int K>
+__device__ __forceinline__ void cluster_gather(float (&v)[K], float (*slot)[K], int parity) {
+  if (threadIdx.x == 0)
+#pragma unroll
+    for (int k = 0; k < K; ++k) slot[parity][k] = v[k];
+  cluster_sync();
+  const unsigned lane = threadIdx.x % 32;
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = lane < C ? ld_dsmem(&slot[parity][k], lane) : 0.f;
+}
+// The sum of a warp's lanes, in every lane. A butterfly adds the same pairs in
+// every lane, and float addition commutes, so every lane, warp and CTA of the
+// cluster gets the same bits: the CTAs agree on the row's statistics.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
 }
 
 // Element offset of row `row` of a tensor with token stride ld and head

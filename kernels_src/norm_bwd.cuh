@@ -11,6 +11,11 @@
 // for db: never M x N); normjit_dw_finalize (dweight_finalize.cuh) sums them
 // in order. A grid of one program writes dw and db itself.
 //
+// With CLUSTER > 1, the CLUSTER CTAs of a cluster share each row (a slice
+// of it in each CTA's registers; the row sums are exchanged through
+// distributed shared memory), and a program is a cluster: its CTAs write
+// the disjoint column slices of one partial row.
+//
 // Spec (see norm_fwd.cuh) plus dx_t (dx's dtype; x_t is the normalised
 // input's), ro_t (dresidual's), DRES, STAGES and DW_SMEM. DW_SMEM keeps
 // weight and sums in shared memory after the stages instead of registers
@@ -27,10 +32,40 @@ namespace nj {
 
 template <class S> constexpr int kPartials = (S::HAS_W ? 1 : 0) + (S::HAS_B ? 1 : 0);
 template <class S> using red_t = float[S::ROWS][kWarpsPerRow<S::TPR>][2];
+template <class S> using Layout = RowLayout<S::N, S::VEC, S::TPR, S::CLUSTER>;
+template <class S> using Cols = ThreadCols<S::N, S::VEC, S::TPR, S::CLUSTER>;
+
+// The program (CTA, or cluster) this CTA belongs to, and how many there are:
+// each owns one partial row of dw (and of db).
+template <class S> __device__ __forceinline__ long long program_id() {
+  if constexpr (S::CLUSTER > 1) return cluster_id();
+  else return blockIdx.x;
+}
+template <class S> __device__ __forceinline__ long long num_programs() {
+  if constexpr (S::CLUSTER > 1) return num_clusters();
+  else return gridDim.x;
+}
+
+// Row sums of the backward (sum g * xhat, sum g): over the row's threads,
+// then, in a cluster, over its CTAs.
+template <class S> struct RowSums {
+  red_t<S>& red;     // shared
+  float (*slot)[2];  // shared [2][2]: the cluster exchange buffers (see cluster_gather)
+  int parity;
+  __device__ __forceinline__ void reduce(float (&c)[2]) {
+    row_reduce<S::TPR, S::ROWS>(c, red);
+    if constexpr (S::CLUSTER > 1) {
+      cluster_gather<S::CLUSTER, 2>(c, slot, parity);
+      parity ^= 1;
+      c[0] = warp_sum(c[0]);
+      c[1] = warp_sum(c[1]);
+    }
+  }
+};
 
 // One row's x and dy in registers (their own dtypes), and its statistics.
 template <class S> struct BwdRow {
-  using L = RowLayout<S::N, S::VEC, S::TPR>;
+  using L = Layout<S>;
   Vec<typename S::x_t, S::VEC> x[L::ITERS];
   Vec<typename S::y_t, S::VEC> dy[L::ITERS];
   float r, mu;
@@ -41,7 +76,7 @@ template <class S> struct BwdRow {
     r = valid ? a.rstd[row] : 0.f;
     mu = S::LAYERNORM && valid ? a.mean[row] : 0.f;
   }
-  __device__ __forceinline__ void load(const NormArgs& a, long long row, int lane) {
+  __device__ __forceinline__ void load(const NormArgs& a, long long row, const Cols<S>& tc) {
     using index_t = typename S::index_t;
     stats(a, row);
     const long long rr = valid ? row : 0;
@@ -49,8 +84,8 @@ template <class S> struct BwdRow {
     const auto* dyr = static_cast<const typename S::y_t*>(a.dy) + row_offset<S::HEADS, index_t>(rr, a.dy_ld, a.dy_hs, a.heads);
 #pragma unroll
     for (int i = 0; i < L::ITERS; ++i) {
-      const int col = (lane + i * S::TPR) * S::VEC;
-      if (valid && (L::EXACT || col < S::N)) {
+      const int col = tc.col(i);
+      if (valid && tc.in(i)) {
         x[i] = load_chunk<S::N, S::VEC>(xr, col, L::EXACT);
         dy[i] = load_chunk<S::N, S::VEC>(dyr, col, L::EXACT);
       } else {
@@ -69,16 +104,16 @@ template <class S> struct BwdRow {
 // after the row stages: N fp32 dw sums, N fp32 db sums (HAS_B), then the N
 // weights as w_t; one row per program then.
 template <class S, bool IN_SMEM = S::DW_SMEM> struct DwShare {
-  using L = RowLayout<S::N, S::VEC, S::TPR>;
+  using L = Layout<S>;
   float wf[S::HAS_W ? L::ITERS : 1][S::VEC];
   float aw[S::HAS_W ? L::ITERS : 1][S::VEC], ab[S::HAS_B ? L::ITERS : 1][S::VEC];
-  __device__ __forceinline__ void init(const typename S::w_t* __restrict__ w, int lane, float*) {
+  __device__ __forceinline__ void init(const typename S::w_t* __restrict__ w, const Cols<S>& tc, float*) {
 #pragma unroll
     for (int i = 0; i < L::ITERS; ++i) {
-      const int col = (lane + i * S::TPR) * S::VEC;
+      const int col = tc.col(i);
       if constexpr (S::HAS_W) {
         Vec<typename S::w_t, S::VEC> wv;
-        if (L::EXACT || col < S::N) {
+        if (tc.in(i)) {
           wv = load_chunk<S::N, S::VEC>(w, col, L::EXACT);
         } else {
 #pragma unroll
@@ -112,7 +147,7 @@ template <class S, bool IN_SMEM = S::DW_SMEM> struct DwShare {
 template <class S> struct DwShare<S, true> {
   float* s;              // kPartials<S> x N sums
   typename S::w_t* ws;   // weight
-  __device__ __forceinline__ void init(const typename S::w_t* __restrict__ w, int, float* smem) {
+  __device__ __forceinline__ void init(const typename S::w_t* __restrict__ w, const Cols<S>&, float* smem) {
     s = smem;
     ws = reinterpret_cast<typename S::w_t*>(smem + kPartials<S> * S::N);
     for (int j = threadIdx.x; j < S::N; j += S::TPR * S::ROWS) {
@@ -140,42 +175,43 @@ template <class S> struct DwShare<S, true> {
 template <class S>
 __device__ __forceinline__ void emit(const NormArgs& a, int p, int col, float v) {
   const bool is_db = !S::HAS_W || p == 1;
-  if (gridDim.x == 1) {
+  const long long programs = num_programs<S>();
+  if (programs == 1) {
     auto* out = static_cast<typename S::w_t*>(is_db ? a.db : a.dw);
     out[col] = from_float<typename S::w_t>(v);
   } else {
-    a.partial[((long long)p * gridDim.x + blockIdx.x) * S::N + col] = v;
+    a.partial[((long long)p * programs + program_id<S>()) * S::N + col] = v;
   }
 }
 
 // dx of one row, and its share of dw / db added to `share`. Called by every
 // thread of the block (row_reduce may hold a barrier).
 template <class S, class Share>
-__device__ __forceinline__ void bwd_row(const NormArgs& a, const BwdRow<S>& R, Share& share, long long row, int lane,
-                                        red_t<S>& red) {
-  using L = RowLayout<S::N, S::VEC, S::TPR>;
+__device__ __forceinline__ void bwd_row(const NormArgs& a, const BwdRow<S>& R, Share& share, long long row,
+                                        const Cols<S>& tc, RowSums<S>& sums) {
+  using L = Layout<S>;
   using index_t = typename S::index_t;
   float c[2] = {0.f, 0.f};  // sum g * xhat, sum g
 #pragma unroll
   for (int i = 0; i < L::ITERS; ++i) {
-    const int col = (lane + i * S::TPR) * S::VEC;
+    const int col = tc.col(i);
 #pragma unroll
     for (int k = 0; k < S::VEC; ++k)
-      if (L::EXACT || col + k < S::N) {
+      if (L::EXACT || (tc.in(i) && col + k < S::N)) {
         const float g = to_float(R.dy[i].v[k]) * share.weight(i, k, col + k);
         c[0] += g * (to_float(R.x[i].v[k]) - R.mu);
         if constexpr (S::LAYERNORM) c[1] += g;
       }
   }
-  row_reduce<S::TPR, S::ROWS>(c, red);
+  sums.reduce(c);
   if (!R.valid) return;
   const float c2 = c[0] * R.r * (1.0f / S::N), c1 = S::LAYERNORM ? c[1] * (1.0f / S::N) : 0.f;
   auto* dxr = static_cast<typename S::dx_t*>(a.dx) + row_offset<S::HEADS, index_t>(row, a.dx_ld, a.dx_hs, a.heads);
   const auto* drr = static_cast<const typename S::ro_t*>(a.dresidual) + (S::DRES ? (index_t)row * (index_t)a.dres_ld : 0);
 #pragma unroll
   for (int i = 0; i < L::ITERS; ++i) {
-    const int col = (lane + i * S::TPR) * S::VEC;
-    if (L::EXACT || col < S::N) {
+    const int col = tc.col(i);
+    if (tc.in(i)) {
       Vec<typename S::ro_t, S::VEC> dr;
       if constexpr (S::DRES) dr = load_chunk<S::N, S::VEC>(drr, col, L::EXACT);
       Vec<typename S::dx_t, S::VEC> dxv;
@@ -197,8 +233,8 @@ __device__ __forceinline__ void bwd_row(const NormArgs& a, const BwdRow<S>& R, S
 // per program add their shares in group order through `smem`
 // (kPartials x N floats).
 template <class S, class Share>
-__device__ __forceinline__ void emit_sums(const NormArgs& a, const Share& share, int lane, float* smem) {
-  using L = RowLayout<S::N, S::VEC, S::TPR>;
+__device__ __forceinline__ void emit_sums(const NormArgs& a, const Share& share, const Cols<S>& tc, float* smem) {
+  using L = Layout<S>;
   constexpr int P = kPartials<S>;
   if constexpr (P == 0) return;
   if constexpr (S::ROWS == 1) {
@@ -206,10 +242,10 @@ __device__ __forceinline__ void emit_sums(const NormArgs& a, const Share& share,
     for (int p = 0; p < P; ++p)
 #pragma unroll
       for (int i = 0; i < L::ITERS; ++i) {
-        const int col = (lane + i * S::TPR) * S::VEC;
+        const int col = tc.col(i);
 #pragma unroll
         for (int k = 0; k < S::VEC; ++k)
-          if (L::EXACT || col + k < S::N) emit<S>(a, p, col + k, share.total(p, i, k, col + k));
+          if (L::EXACT || (tc.in(i) && col + k < S::N)) emit<S>(a, p, col + k, share.total(p, i, k, col + k));
       }
   } else {
     const int rg = threadIdx.x / S::TPR;
@@ -219,10 +255,10 @@ __device__ __forceinline__ void emit_sums(const NormArgs& a, const Share& share,
         for (int p = 0; p < P; ++p)
 #pragma unroll
           for (int i = 0; i < L::ITERS; ++i) {
-            const int col = (lane + i * S::TPR) * S::VEC;
+            const int col = tc.col(i);
 #pragma unroll
             for (int k = 0; k < S::VEC; ++k)
-              if (L::EXACT || col + k < S::N) {
+              if (L::EXACT || (tc.in(i) && col + k < S::N)) {
                 float& s = smem[p * S::N + col + k];
                 s = (g == 0 ? 0.f : s) + share.total(p, i, k, col + k);
               }
@@ -242,15 +278,21 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
   using y_t = typename S::y_t;
   using w_t = typename S::w_t;
   using index_t = typename S::index_t;
-  using L = nj::RowLayout<S::N, S::VEC, S::TPR>;
+  using L = nj::Layout<S>;
   constexpr int P = nj::kPartials<S>;
   static_assert(!S::TWO_PASS || S::ROWS == 1, "two-pass backward handles one row per program");
+  static_assert(S::CLUSTER == 1 || (S::ROWS == 1 && S::STAGES == 0 && !S::TWO_PASS),
+                "a cluster shares one row held in registers");
   __shared__ nj::red_t<S> red;
+  __shared__ float cslot[2][2];
+  nj::RowSums<S> sums{red, cslot, 0};
 
   const int lane = threadIdx.x % S::TPR;
   const int rg = threadIdx.x / S::TPR;
   const long long M = a.M;
-  const long long step = (long long)gridDim.x * S::ROWS;
+  const long long pid = nj::program_id<S>();
+  const long long step = nj::num_programs<S>() * S::ROWS;
+  const nj::Cols<S> tc{S::CLUSTER > 1 ? static_cast<int>(nj::cluster_rank()) * L::SLICE : 0, lane};
   const w_t* w = static_cast<const w_t*>(a.w);
 
   if constexpr (S::STAGES > 0) {
@@ -279,8 +321,8 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
     };
     static_assert(!S::DW_SMEM || S::ROWS == 1, "dw in shared memory is per program: one row per program");
     nj::DwShare<S> share;
-    share.init(w, lane, reinterpret_cast<float*>(dys + S::STAGES * S::ROWS * S::N));
-    long long base = (long long)blockIdx.x * S::ROWS;
+    share.init(w, tc, reinterpret_cast<float*>(dys + S::STAGES * S::ROWS * S::N));
+    long long base = pid * S::ROWS;
 #pragma unroll
     for (int s = 0; s < S::STAGES - 1; ++s) issue(base + s * step, s);
     nj::BwdRow<S> next;
@@ -301,33 +343,35 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
         cur.x[i] = *reinterpret_cast<const nj::Vec<x_t, S::VEC>*>(xs + off + col);
         cur.dy[i] = *reinterpret_cast<const nj::Vec<y_t, S::VEC>*>(dys + off + col);
       }
-      nj::bwd_row<S>(a, cur, share, row, lane, red);
+      nj::bwd_row<S>(a, cur, share, row, tc, sums);
     }
     nj::cp_async_wait<0>();
     if constexpr (S::ROWS > 1) __syncthreads();  // every thread is done with the stages: reuse them
-    nj::emit_sums<S>(a, share, lane, reinterpret_cast<float*>(stage_smem));
+    nj::emit_sums<S>(a, share, tc, reinterpret_cast<float*>(stage_smem));
   } else if constexpr (!S::TWO_PASS) {
     static_assert(!S::DW_SMEM, "rows in registers keep dw in registers");
     nj::DwShare<S> share;
-    share.init(w, lane, nullptr);
+    share.init(w, tc, nullptr);
     // Two row buffers: the next row's loads are in flight while this row is
     // reduced and written, so one program keeps two rows of memory traffic
     // going and the grid (and so the partial buffer) can stay small. The
     // trip count is the same for every thread of the block (barriers).
     nj::BwdRow<S> r0, r1;
-    long long base = (long long)blockIdx.x * S::ROWS;
-    r0.load(a, base + rg, lane);
+    long long base = pid * S::ROWS;
+    r0.load(a, base + rg, tc);
     while (base < M) {
       const long long next = base + step;
-      r1.load(a, next + rg, lane);
-      nj::bwd_row<S>(a, r0, share, base + rg, lane, red);
+      r1.load(a, next + rg, tc);
+      nj::bwd_row<S>(a, r0, share, base + rg, tc, sums);
       if (next >= M) break;
       base = next + step;
-      r0.load(a, base + rg, lane);
-      nj::bwd_row<S>(a, r1, share, next + rg, lane, red);
+      r0.load(a, base + rg, tc);
+      nj::bwd_row<S>(a, r1, share, next + rg, tc, sums);
     }
-    __shared__ float sums[S::ROWS > 1 ? (P > 0 ? P : 1) * S::N : 1];
-    nj::emit_sums<S>(a, share, lane, sums);
+    __shared__ float dsum[S::ROWS > 1 ? (P > 0 ? P : 1) * S::N : 1];
+    nj::emit_sums<S>(a, share, tc, dsum);
+    // A CTA's shared memory must outlive the other CTAs' reads of it.
+    if constexpr (S::CLUSTER > 1) nj::cluster_sync();
   } else {
     // Wide rows: two passes over x and dy per row; this program's partial
     // rows (fp32, mostly L2-resident) accumulate dw and db in place.
@@ -361,7 +405,7 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
           if constexpr (S::LAYERNORM) c[1] += g;
         }
       }
-      nj::row_reduce<S::TPR, S::ROWS>(c, red);
+      nj::row_reduce<S::TPR, S::ROWS>(c, sums.red);
       const float c2 = c[0] * r * (1.0f / S::N), c1 = S::LAYERNORM ? c[1] * (1.0f / S::N) : 0.f;
 #pragma unroll 4
       for (int cidx = lane; cidx < L::CHUNKS; cidx += S::TPR) {

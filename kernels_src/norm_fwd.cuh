@@ -7,11 +7,13 @@
 //
 // Specialised by a prelude that defines `struct Spec` before including this
 // file: using x_t, y_t, w_t, r_t, ro_t, h_t, index_t; constexpr int N, VEC,
-// TPR, ROWS; constexpr bool LAYERNORM, TWO_PASS, STORE_RSTD, STORE_MEAN,
+// TPR, ROWS, CLUSTER; constexpr bool LAYERNORM, TWO_PASS, STORE_RSTD, STORE_MEAN,
 // HAS_W, HAS_B, RESIDUAL, STORE_RES, ROUND_RES, LLAMA, HEADS; constexpr float
 // W_OFFSET. h_t is the type a cached row is kept in (x_t, r_t when the sum is
 // rounded, else float). One program (CTA) of TPR * ROWS threads normalises
-// ROWS rows at a time.
+// ROWS rows at a time; with CLUSTER > 1, the CLUSTER CTAs of a cluster
+// normalise one row, each holding a slice of it in registers (wide rows read
+// once, or a decode row spread over several SMs).
 #pragma once
 #include "common.cuh"
 #include "norm_args.cuh"
@@ -54,14 +56,12 @@ template <class S> struct FwdRow {
     return h;
   }
 
-  // y of one chunk of h; the mean is shift + m (see norm_fwd), kept apart so
-  // that h - mean loses nothing when the mean is large.
+  // y of one chunk of h, given that chunk's weight and bias; the mean is
+  // shift + m (see norm_fwd), kept apart so that h - mean loses nothing when
+  // the mean is large.
   __device__ __forceinline__ void store_y(int col, bool exact, const Vec<typename S::h_t, S::VEC>& h, float shift,
-                                          float m, float rstd, const typename S::w_t* __restrict__ w,
-                                          const typename S::w_t* __restrict__ b) const {
-    Vec<typename S::w_t, S::VEC> wv, bv;
-    if constexpr (S::HAS_W) wv = load_chunk<S::N, S::VEC>(w, col, exact);
-    if constexpr (S::HAS_B) bv = load_chunk<S::N, S::VEC>(b, col, exact);
+                                          float m, float rstd, const Vec<typename S::w_t, S::VEC>& wv,
+                                          const Vec<typename S::w_t, S::VEC>& bv) const {
     Vec<typename S::y_t, S::VEC> yv;
 #pragma unroll
     for (int k = 0; k < S::VEC; ++k) {
@@ -75,25 +75,41 @@ template <class S> struct FwdRow {
   }
 };
 
+// Weight and bias chunks (left unset when the variant has none).
+template <class S>
+__device__ __forceinline__ void load_wb(const NormArgs& a, int col, bool exact, Vec<typename S::w_t, S::VEC>& wv,
+                                        Vec<typename S::w_t, S::VEC>& bv) {
+  if constexpr (S::HAS_W) wv = load_chunk<S::N, S::VEC>(static_cast<const typename S::w_t*>(a.w), col, exact);
+  if constexpr (S::HAS_B) bv = load_chunk<S::N, S::VEC>(static_cast<const typename S::w_t*>(a.b), col, exact);
+}
+
 }  // namespace nj
 
 // A template, so that `if constexpr` discards the paths a Spec does not take.
 template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& a) {
   using h_t = typename S::h_t;
   using w_t = typename S::w_t;
-  using L = nj::RowLayout<S::N, S::VEC, S::TPR>;
+  constexpr int C = S::CLUSTER;
+  using L = nj::RowLayout<S::N, S::VEC, S::TPR, C>;
+  static_assert(C == 1 || (S::ROWS == 1 && !S::TWO_PASS), "a cluster shares one row held in registers");
   // Sums per reduction: one (register rows: sum of squares, or LayerNorm's
   // sum then squared deviations), two (two-pass rows: both at once).
   constexpr int K = S::TWO_PASS ? 2 : 1;
   __shared__ float red[S::ROWS][nj::kWarpsPerRow<S::TPR>][K];
 
   const int lane = threadIdx.x % S::TPR;
-  const long long row = (long long)blockIdx.x * S::ROWS + threadIdx.x / S::TPR;
+  long long row;
+  int c0 = 0;  // the first column of this CTA's slice of the row
+  if constexpr (C > 1) {
+    row = nj::cluster_id();
+    c0 = static_cast<int>(nj::cluster_rank()) * L::SLICE;
+  } else {
+    row = (long long)blockIdx.x * S::ROWS + threadIdx.x / S::TPR;
+  }
+  const nj::ThreadCols<S::N, S::VEC, S::TPR, C> tc{c0, lane};
   // Rows past M still take part in the reductions' barriers; they only skip memory.
   const bool valid = row < a.M;
   const nj::FwdRow<S> R(a, valid ? row : 0);
-  const w_t* w = static_cast<const w_t*>(a.w);
-  const w_t* b = static_cast<const w_t*>(a.b);
   constexpr float inv_n = 1.0f / S::N;
   // LayerNorm sums are shifted by the row's first element, so a large mean
   // (1e4, say) does not cancel away the variance: mean = shift + m with m of
@@ -101,15 +117,21 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
   float shift = 0.f, m = 0.f, rstd;
 
   if constexpr (!S::TWO_PASS) {
-    // The row stays in registers (as h_t) between its uses.
+    // The row (this CTA's slice of it) stays in registers (as h_t) between its uses.
     nj::Vec<h_t, S::VEC> hv[L::ITERS];
+    // A thread's weight and bias, when few, are loaded with the row: at small
+    // M the kernel is latency-bound, and this saves a memory round trip after
+    // the reduction.
+    constexpr bool PREFETCH_WB = L::ITERS * S::VEC * sizeof(w_t) * (S::HAS_B ? 2 : 1) <= 32;
+    nj::Vec<w_t, S::VEC> wv[PREFETCH_WB ? L::ITERS : 1], bv[PREFETCH_WB ? L::ITERS : 1];
     float s[K] = {0.f};
     if constexpr (S::LAYERNORM) shift = valid ? nj::to_float(R.load_h(0, false, false).v[0]) : 0.f;
 #pragma unroll
     for (int i = 0; i < L::ITERS; ++i) {
-      const int col = (lane + i * S::TPR) * S::VEC;
-      if (valid && (L::EXACT || col < S::N)) {
+      const int col = tc.col(i);
+      if (valid && tc.in(i)) {
         hv[i] = R.load_h(col, L::EXACT, true);
+        if constexpr (PREFETCH_WB) nj::load_wb<S>(a, col, L::EXACT, wv[i], bv[i]);
       } else {
 #pragma unroll
         for (int k = 0; k < S::VEC; ++k) hv[i].v[k] = nj::from_float<h_t>(0.f);
@@ -118,7 +140,7 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
       for (int k = 0; k < S::VEC; ++k) {
         const float f = nj::to_float(hv[i].v[k]);
         if constexpr (S::LAYERNORM) {
-          if (L::EXACT || col + k < S::N) s[0] += f - shift;  // padding is not part of the row
+          if (L::EXACT || (tc.in(i) && col + k < S::N)) s[0] += f - shift;  // padding is not part of the row
         } else {
           s[0] += f * f;
         }
@@ -127,30 +149,62 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
     nj::row_reduce<S::TPR, S::ROWS>(s, red);
     if constexpr (S::LAYERNORM) {
       // Exact two-step variance from the cached row: stable for any mean.
-      // (Measured on an H200: faster than a one-round mean/M2 combine.)
-      m = s[0] * inv_n;
+      // (Measured on an H200: faster than a one-round mean/M2 combine.) In a
+      // cluster, each CTA's slice: its count n, mean and M2, combined below.
+      const int n = C > 1 ? min(L::SLICE, max(0, S::N - c0)) : S::N;
+      const float sum = s[0];
+      m = C > 1 ? (n > 0 ? sum / n : 0.f) : sum * inv_n;
       s[0] = 0.f;
 #pragma unroll
       for (int i = 0; i < L::ITERS; ++i) {
-        const int col = (lane + i * S::TPR) * S::VEC;
+        const int col = tc.col(i);
 #pragma unroll
         for (int k = 0; k < S::VEC; ++k) {
           const float d = (nj::to_float(hv[i].v[k]) - shift) - m;
-          if (L::EXACT || col + k < S::N) s[0] += d * d;  // padding is not part of the row
+          if (L::EXACT || (tc.in(i) && col + k < S::N)) s[0] += d * d;  // padding is not part of the row
         }
       }
       nj::row_reduce<S::TPR, S::ROWS>(s, red);
+      if constexpr (C > 1) {
+        // Chan et al.'s pairwise combination of the slices' (n, mean, M2):
+        // exact and stable, one exchange.
+        __shared__ float slot[2][2];
+        float v[2] = {sum, s[0]};
+        nj::cluster_gather<C, 2>(v, slot, 0);
+        const int r = threadIdx.x % 32, nr = min(L::SLICE, max(0, S::N - r * L::SLICE));
+        m = nj::warp_sum(v[0]) * inv_n;
+        const float dm = nr > 0 ? v[0] / nr - m : 0.f;
+        s[0] = nj::warp_sum(r < C ? v[1] + nr * dm * dm : 0.f);
+        nj::cluster_arrive();  // done reading the other CTAs' slots (waited for before exit)
+      }
+    } else if constexpr (C > 1) {
+      __shared__ float slot[2][1];
+      nj::cluster_gather<C, 1>(s, slot, 0);
+      s[0] = nj::warp_sum(s[0]);
+      nj::cluster_arrive();
     }
     rstd = rsqrtf(s[0] * inv_n + a.eps);
 #pragma unroll
     for (int i = 0; i < L::ITERS; ++i) {
-      const int col = (lane + i * S::TPR) * S::VEC;
-      if (valid && (L::EXACT || col < S::N)) R.store_y(col, L::EXACT, hv[i], shift, m, rstd, w, b);
+      const int col = tc.col(i);
+      if (valid && tc.in(i)) {
+        nj::Vec<w_t, S::VEC> w, b;
+        if constexpr (PREFETCH_WB) {
+          w = wv[i];
+          b = bv[i];
+        } else {
+          nj::load_wb<S>(a, col, L::EXACT, w, b);
+        }
+        R.store_y(col, L::EXACT, hv[i], shift, m, rstd, w, b);
+      }
     }
+    // A CTA's shared memory must outlive the other CTAs' reads of it.
+    if constexpr (C > 1) nj::cluster_wait();
   } else {
-    // Wide rows: too long for registers. Read the row twice; the second read
-    // mostly hits L2 because only a few rows per SM are in flight. LayerNorm:
-    // var = E[(h-shift)^2] - m^2, fine since m is of the order of the std.
+    // Wide rows without a cluster: too long for registers. Read the row
+    // twice; the second read mostly hits L2 because only a few rows per SM
+    // are in flight. LayerNorm: var = E[(h-shift)^2] - m^2, fine since m is
+    // of the order of the std.
     float s[K] = {0.f, 0.f};
     if (valid) {
       if constexpr (S::LAYERNORM) shift = nj::to_float(R.load_h(0, false, false).v[0]);
@@ -176,11 +230,14 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
     rstd = rsqrtf(var + a.eps);
     if (valid) {
 #pragma unroll 4
-      for (int c = lane; c < L::CHUNKS; c += S::TPR)
+      for (int c = lane; c < L::CHUNKS; c += S::TPR) {
+        nj::Vec<w_t, S::VEC> w, b;
+        nj::load_wb<S>(a, c * S::VEC, L::EXACT, w, b);
         R.store_y(c * S::VEC, L::EXACT, R.load_h(c * S::VEC, L::EXACT, false), shift, m, rstd, w, b);
+      }
     }
   }
-  if (valid && lane == 0) {
+  if (valid && lane == 0 && c0 == 0) {
     if constexpr (S::STORE_RSTD) a.rstd[row] = rstd;
     if constexpr (S::STORE_MEAN) a.mean[row] = shift + m;
   }

@@ -289,3 +289,71 @@ TEST_CASE("config_grid: simplicity_key puts fewer threads, fewer rows, one pass 
   CHECK(simpler(cfg(8, 256, 1, false, 0), cfg(8, 256, 1, false, 2)));
   CHECK(simpler(cfg(8, 256, 1, false, 4), cfg(8, 512, 1, false, 0)));
 }
+
+TEST_CASE("config_grid: clusters split wide rows and decode rows, only where the device has them") {
+  LaunchConfig c8 = cfg(8, 512, 1);
+  c8.cluster = 8;
+  CHECK(LaunchConfig::parse("v8.t512.r1.c8") == c8);
+  CHECK(c8.str() == "v8.t512.r1.c8");
+  CHECK_THROWS_AS(LaunchConfig::parse("v8.t512.r1.c32"), Error);
+  CHECK_THROWS_AS(LaunchConfig::parse("v8.t512.r1.c3"), Error);
+
+  const NormDesc wide = make_desc(4096, 65536);
+  std::string why;
+  // No clusters on a device without them (max_cluster 1), nor in the default grid.
+  CHECK_FALSE(config_valid(Op::Forward, wide, c8, &why));
+  CHECK(contains(why, "cluster 8"));
+  for (const auto& c : candidate_grid(Op::Forward, wide)) CHECK(c.cluster == 1);
+  // With clusters: valid, in the grid, and the heuristic keeps the row in
+  // registers instead of reading it twice.
+  CHECK(config_valid(Op::Forward, wide, c8, &why, 16));
+  for (Op op : kOps) {
+    CAPTURE(std::string(op_name(op)));
+    const auto grid = candidate_grid(op, wide, 16);
+    int clustered = 0;
+    for (const auto& c : grid) {
+      CAPTURE(c.str());
+      CHECK(config_valid(op, wide, c, &why, 16));
+      if (c.cluster > 1) {
+        ++clustered;
+        CHECK(c.rows_per_pid == 1);
+        CHECK_FALSE(c.two_pass);
+        CHECK(c.stages == 0);
+      }
+    }
+    CHECK(clustered > 0);
+    const LaunchConfig h = heuristic_config(op, wide, 16);
+    CHECK(h.cluster > 1);
+    CHECK_FALSE(h.two_pass);
+    CHECK(in_grid(grid, h));
+  }
+  // A cluster's rules: one row per program, no two-pass, no stages, whole warps.
+  LaunchConfig bad = c8;
+  bad.rows_per_pid = 2;
+  CHECK_FALSE(config_valid(Op::Forward, wide, bad, &why, 16));
+  bad = c8;
+  bad.two_pass = true;
+  CHECK_FALSE(config_valid(Op::Forward, wide, bad, &why, 16));
+  bad = c8;
+  bad.stages = 2;
+  CHECK_FALSE(config_valid(Op::Backward, wide, bad, &why, 16));
+  // More threads than the row has chunks.
+  CHECK_FALSE(config_valid(Op::Forward, make_desc(4096, 4096), c8, &why, 16));
+  // Decode rows (M <= 32) may spread over a cluster; large M at a narrow row may not.
+  auto has_cluster = [](const std::vector<LaunchConfig>& g) {
+    return std::any_of(g.begin(), g.end(), [](const LaunchConfig& c) { return c.cluster > 1; });
+  };
+  CHECK(has_cluster(candidate_grid(Op::Forward, make_desc(1, 4096), 16)));
+  CHECK_FALSE(has_cluster(candidate_grid(Op::Forward, make_desc(32768, 4096), 16)));
+
+  // Geometry: forward clusters x cluster CTAs; backward programs are clusters,
+  // capped by the co-resident clusters the driver reports.
+  const Geometry f = launch_geometry(Op::Forward, wide, c8, 132, 1);
+  CHECK(f.grid == 4096 * 8);
+  CHECK(f.programs == 4096);
+  const Geometry b = launch_geometry(Op::Backward, wide, c8, 132, 2, 30);
+  CHECK(b.programs == 30);
+  CHECK(b.grid == 240);
+  CHECK(launch_geometry(Op::Backward, wide, c8, 132, 2, 0).programs == 33);
+  CHECK(launch_geometry(Op::Backward, make_desc(3, 65536), c8, 132, 2, 30).programs == 3);
+}

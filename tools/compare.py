@@ -1,26 +1,36 @@
 #!/usr/bin/env python3
-"""Compare normjit with PyTorch eager, torch.compile and Liger-Kernel.
+"""Compare normjit's kernels with PyTorch eager, torch.compile, Liger-Kernel and Quack.
 
-One process, one GPU, the same tensors for every implementation. Forward and
-backward are timed with triton.testing.do_bench (median, L2 flushed before
-each run); a device copy of the same number of bytes, timed the same way in
-the same run, gives the speed of light (SOL) for each shape and direction.
+Kernel time, not Python time. For each implementation, direction and shape
+the number is the summed GPU duration of the activities (kernels, memcpy,
+memset) that ONE call launches, read with torch.profiler (CUDA activity).
+Each repetition zeroes a buffer of twice the L2 size (the flush), then runs
+the call between two marker kernels (torch.cuda._sleep); only what lies
+between the markers on the GPU timeline counts, so the flush and any setup
+are left out. Reported: the median over --reps repetitions, after --warmup
+untimed calls. Backward: the forward runs once, untimed; the timed call is
+torch.autograd.grad(y, params, dy, retain_graph=True), with a fresh copy of
+dy each time (Liger writes dx over dy). A device copy (uint8 copy_, bytes/2
+each way) of the minimal traffic, timed the same way in the same run, gives
+SOL% = copy time / time. The host time per call is reported apart: the wall
+time of K back-to-back calls / K, torch.cuda.synchronize() before and after.
 
-Usage (from the repository root, with the normjit Python package on
-PYTHONPATH and NORMJIT_LIBRARY naming libnormjit_c.so):
+Usage (from the repository root, with the normjit package on PYTHONPATH and
+NORMJIT_LIBRARY naming libnormjit_c.so; peers found on PYTHONPATH):
 
-    python3 tools/compare.py                      # the full default suite
-    python3 tools/compare.py --quick              # a few shapes
+    python3 tools/compare.py                      # the default suite (50 shapes)
+    python3 tools/compare.py --quick --tune       # 8 shapes, normjit tuned first
     python3 tools/compare.py --shapes rms:bf16:8192x4096,ln:fp16:4096x1024
-    python3 tools/compare.py --impl normjit,eager --json /tmp/out.json
+    python3 tools/compare.py --impl normjit,quack --json /tmp/c.json --markdown /tmp/c.md
+    python3 tools/compare.py --json c.json --max-seconds 500 --resume   # again: goes on where it stopped
 
 Shapes are NORM:DTYPE:MxN with NORM rms or ln and DTYPE fp32, bf16 or fp16,
 or a suite name (default, quick). Exit status: 0 when done, 1 when normjit
 failed a correctness check or raised on some shape, 2 on bad arguments,
-3 when torch, CUDA or triton is missing.
+3 when torch, CUDA or the profiler-based timing is missing.
 
 This module imports only the standard library at load time, so its helpers
-(shape parsing, byte counts, table formatting) can be used without torch.
+(shape parsing, byte counts, splitting profiler events) work without torch.
 """
 
 from __future__ import annotations
@@ -33,24 +43,38 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
 
+_TOOLS = str(Path(__file__).resolve().parent)
+if _TOOLS not in sys.path:
+    sys.path.insert(0, _TOOLS)
+import compare_report as report  # noqa: E402 - standard library only
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = ROOT / "docs" / "results" / "compare.json"
 
-IMPLS = ("normjit", "eager", "compile", "liger")
-IMPL_TITLES = {"normjit": "normjit", "eager": "torch eager", "compile": "torch.compile", "liger": "Liger"}
+IMPLS = report.IMPLS
+DIRECTIONS = report.DIRECTIONS
 NORMS = {"rms": "RMSNorm", "ln": "LayerNorm"}
 DTYPE_SIZE = {"fp32": 4, "bf16": 2, "fp16": 2}
 # Relative error (max |out - ref| / max |ref|) allowed against the float64 reference.
 TOLERANCE = {"fp32": 1e-4, "fp16": 4e-3, "bf16": 3e-2}
 EPS = {"rms": 1e-6, "ln": 1e-5}
-DIRECTIONS = ("fwd", "bwd")
+MAX_ELEMENTS = 256 * 2**20  # M*N of the suites: every peer's buffers fit an 80 GB GPU
+LIGER_MAX_N = 65536  # Liger holds a row in one Triton block of at most 64K elements
+MARKER = "spin_kernel"  # the kernel of torch.cuda._sleep, which brackets each timed call
+MARKER_CYCLES = 1000
 
+SCHEMA = "normjit-compare/2"
 EXIT_NORMJIT_FAILED = 1
 EXIT_NO_GPU_STACK = 3
+
+
+class Skipped(Exception):
+    """A known limit of an implementation (recorded as skipped, with the reason)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,27 +97,32 @@ class Case:
         return self.norm == "ln"
 
 
+# The issue's shapes come first, so a run cut by --max-seconds has them.
+ISSUE_SHAPES = ["rms:bf16:4096x16384", "rms:bf16:4096x32768", "rms:bf16:4096x65536", "rms:bf16:1024x131072",
+                "ln:fp16:4096x16384", "ln:fp16:4096x32768", "rms:bf16:1x4096", "rms:bf16:32x8192"]
+# RMSNorm bf16 over N (odd and wide ones included) at M*N of about 16M-64M elements: N -> M.
+RMS_BF16_SWEEP = {1024: 32768, 1536: 16384, 1600: 16384, 2048: 16384, 2880: 8192, 4096: 8192, 5120: 8192,
+                  6144: 8192, 7168: 8192, 8192: 4096, 12288: 4096, 20000: 2048, 100003: 512, 262144: 256}
+LN_SWEEP = {1600: 16384, 2880: 8192, 4096: 8192, 5120: 8192, 8192: 4096, 20000: 2048}
+
+
 def _suite_default() -> list[str]:
-    shapes = [f"rms:{dt}:32768x{n}" for dt in ("fp32", "bf16") for n in (1024, 2048, 4096, 8192)]
-    shapes += ["rms:bf16:32768x128", "rms:bf16:8192x4096"]  # Qwen3 QK-norm, hidden
-    shapes += [f"ln:fp16:4096x{n}" for n in (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)]
-    shapes += ["rms:bf16:4096x65536", "rms:bf16:1024x131072"]  # wide rows
-    shapes += ["rms:bf16:1x4096", "rms:bf16:32x8192"]  # decode
+    shapes = list(ISSUE_SHAPES)
+    shapes += ["rms:bf16:1x2048", "rms:bf16:1x7168", "rms:bf16:1x8192", "rms:bf16:8x4096", "rms:bf16:32x4096",
+               "rms:fp16:1x5120"]  # decode
+    shapes += ["rms:bf16:32768x128"]  # per-head QK-norm
+    shapes += [f"rms:bf16:{m}x{n}" for n, m in RMS_BF16_SWEEP.items()]
+    shapes += ["rms:fp16:16384x2048", "rms:fp16:8192x4096", "rms:fp16:4096x8192"]
+    shapes += ["rms:fp32:16384x1024", "rms:fp32:8192x4096", "rms:fp32:4096x8192", "rms:fp32:2048x16384"]
+    shapes += ["ln:fp16:4096x768", "ln:fp16:16384x1024"]
+    shapes += [f"ln:{dt}:{m}x{n}" for dt in ("fp16", "bf16") for n, m in LN_SWEEP.items()]
     return shapes
 
 
 def _suite_quick() -> list[str]:
-    # Two families with several N (for the plot), the headline shapes, one decode.
-    return [
-        "rms:bf16:32768x128",
-        "rms:bf16:32768x1024",
-        "rms:bf16:32768x4096",
-        "rms:fp32:32768x4096",
-        "rms:bf16:8192x4096",
-        "ln:fp16:4096x1024",
-        "ln:fp16:4096x4096",
-        "rms:bf16:1x4096",
-    ]
+    # Headline shapes, a few N of one family (for the plot), Liger's limit, QK-norm, decode.
+    return ["rms:bf16:4096x16384", "rms:bf16:1024x131072", "ln:fp16:4096x16384", "rms:bf16:8192x4096",
+            "rms:bf16:32768x1024", "ln:fp16:8192x2880", "rms:bf16:32768x128", "rms:bf16:1x4096"]
 
 
 SUITES = {"default": _suite_default, "quick": _suite_quick}
@@ -171,96 +200,53 @@ def gbps(nbytes: int, us: float | None) -> float | None:
     return None if not us else nbytes / us / 1e3
 
 
-def speedup_of(row: dict, impls: list[str]) -> tuple[str | None, float | None]:
-    """(best other implementation, its us / normjit us); others that failed
-    the correctness check or did not run are left out."""
-    nj = row["impls"].get("normjit", {})
-    best, best_us = None, None
-    for name in impls:
-        if name == "normjit":
+# ---------------------------------------------------------------- profiler events
+
+
+def device_activities(function_events) -> tuple[list[tuple[str, float, float]], bool]:
+    """(name, start_us, end_us) of the GPU activities (kernels, memcpy, memset)
+    among torch.profiler FunctionEvents, and whether the profiler flagged its
+    GPU-side annotation spans (is_user_annotation), which are left out."""
+    out, flagged = [], True
+    for e in function_events:
+        if not str(getattr(e, "device_type", "")).endswith("CUDA"):
             continue
-        e = row["impls"].get(name, {})
-        if e.get("us") and e.get("correct"):
-            if best_us is None or e["us"] < best_us:
-                best, best_us = name, e["us"]
-    if not nj.get("us") or best_us is None:
-        return best, None
-    return best, best_us / nj["us"]
+        if not hasattr(e, "is_user_annotation"):
+            flagged = False
+        kind = str(getattr(e, "activity_type", "") or "").lower()
+        if getattr(e, "is_user_annotation", False) or "annotation" in kind or "sync" in kind:
+            continue
+        out.append((e.name, float(e.time_range.start), float(e.time_range.end)))
+    return out, flagged
 
 
-def geomean_speedups(rows: list[dict], impls: list[str]) -> dict:
-    """Geometric mean of (other us / normjit us) per direction and other implementation."""
-    out: dict = {}
-    for direction in DIRECTIONS:
-        for name in impls:
-            if name == "normjit":
-                continue
-            ratios = []
-            for r in rows:
-                if r["direction"] != direction:
-                    continue
-                a, b = r["impls"].get("normjit", {}), r["impls"].get(name, {})
-                if a.get("us") and b.get("us") and a.get("correct") and b.get("correct"):
-                    ratios.append(b["us"] / a["us"])
-            if ratios:
-                g = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-                out.setdefault(direction, {})[name] = {"geomean": g, "rows": len(ratios)}
-    return out
+def split_calls(events, marker: str = MARKER, drop_enclosing: bool = False) -> list[tuple[float, list[str]]]:
+    """Per timed call, (summed duration in us, names) of the GPU activities
+    between a pair of marker kernels; the events (name, start_us, end_us) of
+    one profiler session may come in any order. Activities outside the pairs
+    (the L2 flush, setup copies) are ignored. drop_enclosing leaves out spans
+    that enclose a shorter activity: GPU-side annotation ranges, for a
+    profiler that does not flag them (kernels of one stream never nest)."""
+    evs = sorted(events, key=lambda e: (e[1], -e[2]))
+    if drop_enclosing:
+        evs = [a for a in evs if not any(b is not a and a[1] <= b[1] and b[2] <= a[2]
+                                         and a[2] - a[1] > b[2] - b[1] for b in evs)]
+    calls, current = [], None
+    for name, start, end in evs:
+        if marker in name:
+            if current is None:
+                current = []
+            else:
+                calls.append((sum(d for _, d in current), [n for n, _ in current]))
+                current = None
+        elif current is not None:
+            current.append((name, end - start))
+    if current is not None:
+        raise ValueError(f"odd number of '{marker}' markers in the profile")
+    return calls
 
 
-# ---------------------------------------------------------------- table
-
-
-def _cell(entry: dict) -> str:
-    if not entry:
-        return f"{'-':>8} {'':>6} {'':>5}"
-    if entry.get("us") is None:
-        return f"{'n/a' if entry.get('unavailable') else 'error':>8} {'':>6} {'':>5}"
-    flag = "*" if not entry.get("correct") else " "
-    bw = f"{entry['gbps']:6.0f}" if entry["gbps"] >= 100 else f"{entry['gbps']:6.1f}"
-    sol = f"{entry['sol_pct']:5.1f}" if entry.get("sol_pct") is not None else f"{'-':>5}"
-    return f"{entry['us']:7.1f}{flag} {bw} {sol}"
-
-
-def table_header(impls: list[str]) -> str:
-    top = f"{'':<15} {'':<9} {'':<4} {'':<3} "
-    sub = f"{'shape':<15} {'norm':<9} {'dt':<4} {'dir':<3} "
-    for name in impls:
-        top += f"| {IMPL_TITLES[name]:<22}"
-        sub += f"| {'us':>8} {'GB/s':>6} {'SOL%':>5} "
-    top += "|"
-    sub += f"| {'copy us':>8} {'speedup':>8}  best other"
-    return top + "\n" + sub
-
-
-def table_row(row: dict, impls: list[str]) -> str:
-    shape = f"{row['M']}x{row['N']}"
-    line = f"{shape:<15} {NORMS[row['norm']]:<9} {row['dtype']:<4} {row['direction']:<3} "
-    for name in impls:
-        line += f"| {_cell(row['impls'].get(name, {}))} "
-    sp = f"{row['speedup']:.2f}x" if row.get("speedup") else "-"
-    copy = f"{row['copy_us']:.1f}" if row.get("copy_us") else "-"
-    line += f"| {copy:>8} {sp:>8}  {row.get('best_other') or '-'}"
-    return line
-
-
-def format_table(rows: list[dict], impls: list[str]) -> str:
-    return "\n".join([table_header(impls)] + [table_row(r, impls) for r in rows])
-
-
-def failure_lines(rows: list[dict], impls: list[str]) -> list[str]:
-    """One line per implementation error or correctness failure."""
-    lines = []
-    for r in rows:
-        for name in impls:
-            e = r["impls"].get(name, {})
-            where = f"{r['label']} {r['direction']} {name}"
-            if e.get("error"):
-                lines.append(f"{where}: {e['error']}")
-            elif e.get("correct") is False:
-                errs = ", ".join(f"{k}={v:.2e}" if isinstance(v, float) else f"{k}={v}" for k, v in e.get("max_rel_err", {}).items())
-                lines.append(f"{where}: max relative error {errs} over tolerance {TOLERANCE[r['dtype']]:.0e}")
-    return lines
+# ---------------------------------------------------------------- helpers
 
 
 def write_json(path: Path, doc: dict) -> None:
@@ -277,33 +263,47 @@ def _finite_or_str(v: float):
     return v if math.isfinite(v) else str(v)
 
 
-def _short_error(exc: BaseException) -> str:
+def short_error(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     first = text[0] if text else ""
-    return f"{type(exc).__name__}: {first}"[:400]
+    return f"{type(exc).__name__}: {first}"[:300]
+
+
+def _dist_version(dist: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(dist)
+    except Exception:  # noqa: BLE001 - not installed as a distribution
+        return None
+
+
+def new_entry() -> dict:
+    return {"status": None, "reason": None, "us": None, "us_min": None, "us_max": None, "kernels": None,
+            "gbps": None, "sol_pct": None, "host_us": None, "host_calls": None, "rel_err": {}, "correct": None}
 
 
 # ---------------------------------------------------------------- GPU side
 
 
 class Runner:
-    """Holds the imported GPU stack and the implementations' builders."""
+    """Holds the imported GPU stack, the implementations and the timing methods."""
 
-    def __init__(self, impls: list[str], tune: bool, cache_dir: str | None):
+    def __init__(self, impls: list[str], tune: bool, cache_dir: str | None, reps: int, warmup: int,
+                 host_calls: int):
         import torch
         import torch.nn.functional as F
-        import triton
-        from triton.testing import do_bench
 
-        self.torch, self.F, self.triton, self.do_bench = torch, F, triton, do_bench
+        self.torch, self.F = torch, F
         self.dev = torch.device("cuda")
         self.tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-        self.impls = impls
+        self.impls, self.reps, self.warmup, self.host_calls = impls, reps, warmup, host_calls
         self.unavailable: dict[str, str] = {}
-        self.versions: dict[str, str | None] = {}
+        props = torch.cuda.get_device_properties(self.dev)
+        self.l2_bytes = int(getattr(props, "L2_cache_size", 0) or 64 * 2**20)
+        self.flush_buf = torch.empty(2 * self.l2_bytes, dtype=torch.uint8, device=self.dev)
 
-        # torch.compile: one static graph per shape (dynamo is reset per
-        # shape; the limit only guards the forward/backward recompiles).
+        # torch.compile: one static graph per shape (dynamo is reset per shape).
         dyn = torch._dynamo.config
         for knob in ("cache_size_limit", "recompile_limit"):
             if hasattr(dyn, knob):
@@ -315,70 +315,119 @@ class Runner:
         except AttributeError:
             pass
 
-        if "normjit" in impls:
-            try:
-                import normjit
-                from normjit.torch import layer_norm as nj_ln
-                from normjit.torch import rms_norm as nj_rms
-
-                normjit.set_tune_policy("first" if tune else "never")
-                if cache_dir:
-                    normjit.set_cache_dir(cache_dir)
-                self.nj_rms, self.nj_ln = nj_rms, nj_ln
-                self.versions["normjit"] = getattr(normjit, "__version__", None)
-            except Exception as exc:  # noqa: BLE001 - reported, the others still run
-                self.unavailable["normjit"] = _short_error(exc)
-        if "liger" in impls:
-            try:
-                import liger_kernel  # noqa: F401
-                from liger_kernel.ops import LigerLayerNormFunction, LigerRMSNormFunction
-
-                self.liger_rms, self.liger_ln = LigerRMSNormFunction, LigerLayerNormFunction
+        def attempt(name, load):
+            if name in impls:
                 try:
-                    from importlib.metadata import version
+                    load()
+                except Exception as exc:  # noqa: BLE001 - recorded, the others still run
+                    self.unavailable[name] = short_error(exc)
 
-                    self.versions["liger"] = version("liger-kernel")
-                except Exception:  # noqa: BLE001
-                    self.versions["liger"] = getattr(liger_kernel, "__version__", None)
-            except Exception as exc:  # noqa: BLE001
-                self.unavailable["liger"] = _short_error(exc)
+        attempt("normjit", lambda: self._load_normjit(tune, cache_dir))
+        attempt("liger", self._load_liger)
+        attempt("quack", self._load_quack)
 
-    # Each builder returns fn(x, weight, bias) -> y for one case.
-    def build(self, name: str, case: Case):
-        F, N, eps = self.F, case.N, case.eps
-        if name == "normjit":
-            if case.norm == "rms":
-                return lambda x, weight, bias: self.nj_rms(x, (N,), weight, eps)
-            return lambda x, weight, bias: self.nj_ln(x, (N,), weight, bias, eps)
-        if name in ("eager", "compile"):
-            if case.norm == "rms":
-                def eager(x, weight, bias):
-                    return F.rms_norm(x, (N,), weight, eps)
-            else:
-                def eager(x, weight, bias):
-                    return F.layer_norm(x, (N,), weight, bias, eps)
-            if name == "eager":
-                return eager
-            return self.torch.compile(eager, dynamic=False)  # mode "default"
-        if name == "liger":
-            if case.norm == "rms":
-                # apply(X, W, eps, offset, casting_mode, in_place, row_mode).
-                # offset 0.0: plain x * rstd * w. casting_mode "gemma": x and w
-                # upcast to fp32, one rounding of the output at the end, which
-                # is what torch's fused CUDA rms_norm does ("llama" rounds
-                # x * rstd to the input dtype before the weight multiply).
-                # in_place=False keeps dy intact across the repeated timed
-                # backward calls (True would write dx over dy).
-                fn = self.liger_rms
-                return lambda x, weight, bias: fn.apply(x, weight, eps, 0.0, "gemma", False)
-            fn = self.liger_ln
-            # apply(X, W, B, eps)
-            return lambda x, weight, bias: fn.apply(x, weight, bias, eps)
-        raise ValueError(name)
+    def _load_normjit(self, tune, cache_dir):
+        import normjit
+        from normjit.torch import layer_norm, rms_norm
+
+        normjit.set_tune_policy("first" if tune else "never")  # "first": tuned at its first call
+        if cache_dir:
+            normjit.set_cache_dir(cache_dir)
+        self.nj_rms, self.nj_ln = rms_norm, layer_norm
+
+    def _load_liger(self):
+        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+        self.liger_rms, self.liger_ln = LigerRMSNormFunction, LigerLayerNormFunction
+
+    def _load_quack(self):
+        import quack.rmsnorm as qr
+
+        torch = self.torch
+
+        class QuackLayerNorm(torch.autograd.Function):
+            """Quack's LayerNorm has no autograd: its forward and backward ops, fp32 weight and bias."""
+
+            @staticmethod
+            def forward(ctx, x, w, b, eps):
+                y, rstd, mean = qr.layernorm_fwd(x, w, b, eps, return_rstd=True, return_mean=True)
+                ctx.save_for_backward(x, w, rstd, mean)
+                return y
+
+            @staticmethod
+            def backward(ctx, dy):
+                x, w, rstd, mean = ctx.saved_tensors
+                dx, dw, db = qr.layernorm_bwd(x, w, dy, rstd, mean, has_bias=True)
+                return dx, dw, db, None
+
+        self.quack_rms, self.quack_ln = qr.rmsnorm, QuackLayerNorm
+
+    def versions(self) -> dict:
+        torch = self.torch
+        try:
+            import triton
+
+            triton_version = triton.__version__
+        except Exception:  # noqa: BLE001
+            triton_version = None
+        normjit_version = None
+        if "normjit" in self.impls and "normjit" not in self.unavailable:
+            import normjit
+
+            normjit_version = normjit.__version__
+        return {"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton_version,
+                "liger-kernel": _dist_version("liger-kernel"), "quack-kernels": _dist_version("quack-kernels"),
+                "nvidia-cutlass-dsl": _dist_version("nvidia-cutlass-dsl"), "normjit": normjit_version,
+                "python": platform.python_version()}
+
+    def metadata(self) -> dict:
+        torch = self.torch
+        props = torch.cuda.get_device_properties(self.dev)
+        return {"gpu": torch.cuda.get_device_name(self.dev),
+                "compute_capability": "%d.%d" % torch.cuda.get_device_capability(self.dev),
+                "sm_count": props.multi_processor_count, "gpu_memory_bytes": props.total_memory,
+                "l2_bytes": self.l2_bytes, "versions": self.versions(),
+                "normjit_library": os.environ.get("NORMJIT_LIBRARY"), "unavailable": dict(self.unavailable)}
 
     def free(self) -> None:
         gc.collect()
         self.torch.cuda.empty_cache()
+
+    # ---- implementations
+
+    def build(self, name: str, case: Case, x, w, b):
+        """(forward() -> y, params): a training forward (grads enabled) and the
+        tensors its backward differentiates, in the order x, weight (, bias)."""
+        F, N, eps, rms = self.F, case.N, case.eps, case.norm == "rms"
+        params = [x, w] if rms else [x, w, b]
+        if name == "normjit":
+            if rms:
+                return (lambda: self.nj_rms(x, (N,), w, eps)), params
+            return (lambda: self.nj_ln(x, (N,), w, b, eps)), params
+        if name in ("eager", "compile"):
+            def f(x, w, b):
+                return F.rms_norm(x, (N,), w, eps) if rms else F.layer_norm(x, (N,), w, b, eps)
+
+            if name == "compile":
+                f = self.torch.compile(f, dynamic=False)  # mode "default"
+            return (lambda: f(x, w, b)), params
+        if name == "liger":
+            if N > LIGER_MAX_N:
+                raise Skipped(f"N > {LIGER_MAX_N}: Liger keeps a row in one Triton block (at most 64K elements)")
+            if rms:
+                # apply(X, W, eps, offset, casting_mode, in_place). "gemma": x and w
+                # in fp32, one rounding at the end, as torch's rms_norm. in_place=True
+                # (Liger's default) writes dx over dy; the timing passes a fresh dy.
+                return (lambda: self.liger_rms.apply(x, w, eps, 0.0, "gemma", True)), params
+            return (lambda: self.liger_ln.apply(x, w, b, eps)), params
+        if name == "quack":
+            if rms:
+                return (lambda: self.quack_rms(x, w, eps=eps)), params
+            w32 = w.detach().float().requires_grad_(True)  # Quack's LayerNorm takes fp32 weight and bias
+            b32 = b.detach().float().requires_grad_(True)
+            return (lambda: self.quack_ln.apply(x, w32, b32, eps)), [x, w32, b32]
+        raise ValueError(name)
 
     def inputs(self, case: Case, seed: int):
         torch = self.torch
@@ -415,48 +464,95 @@ class Runner:
         diff = (out.detach().double() - ref).abs().max().item()
         return diff / scale if scale > 0 else diff
 
-    def check(self, fn, case: Case, x, w, b, dy, ref) -> dict:
-        """Run forward and backward once (this also compiles/warms up) and
-        compare with the reference. Returns {tensor: relative error}."""
-        params = [t for t in (x, w, b) if t is not None]
-        for t in params:
-            t.grad = None
-        y = fn(x, w, b)
+    def check(self, fwd, params, dy, ref) -> dict:
+        """One forward and backward (also the first call: JIT, compile, tuning),
+        compared with the reference. Returns {tensor: relative error}."""
+        y = fwd()
         errs = {"y": self._rel_err(y, ref["y"])}
-        y.backward(dy)
-        errs["dx"] = self._rel_err(x.grad, ref["dx"])
-        errs["dweight"] = self._rel_err(w.grad, ref["dweight"])
-        if b is not None:
-            errs["dbias"] = self._rel_err(b.grad, ref["dbias"])
-        del y
-        for t in params:
-            t.grad = None
+        grads = self.torch.autograd.grad(y, params, dy.clone())
+        for key, g in zip(("dx", "dweight", "dbias"), grads):
+            errs[key] = self._rel_err(g, ref[key])
         return errs
 
-    def bench_ms(self, fn, grad_to_none=None) -> float:
-        return float(self.do_bench(fn, grad_to_none=grad_to_none, return_mode="median"))
+    # ---- timing
 
-    def time_fwd(self, fn, x, w, b) -> float:
-        return self.bench_ms(lambda: fn(x, w, b)) * 1e3
+    def kernel_us(self, call, setup=None) -> tuple[float, float, float, list[str]]:
+        """(median, min, max) over reps of the summed GPU time of what call(*setup())
+        launches, L2 flushed before each call, and the activities of one call."""
+        torch = self.torch
+        for _ in range(self.warmup):
+            call(*(setup() if setup else ()))
+        torch.cuda.synchronize()
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=acts) as prof:
+            for _ in range(self.reps):
+                args = setup() if setup else ()
+                self.flush_buf.zero_()
+                torch.cuda._sleep(MARKER_CYCLES)
+                out = call(*args)
+                torch.cuda._sleep(MARKER_CYCLES)
+                del out, args
+        events, flagged = device_activities(prof.events())
+        calls = split_calls(events, drop_enclosing=not flagged)
+        if len(calls) != self.reps:
+            raise RuntimeError(f"the profile holds {len(calls)} marked calls, not {self.reps} "
+                               f"({len(events)} GPU activities)")
+        if not all(names for _, names in calls):
+            raise RuntimeError("no GPU activity between the markers of a call")
+        times = [c[0] for c in calls]
+        names = calls[0][1]  # one call's activities, shortened: for reading, not parsing
+        return statistics.median(times), min(times), max(times), [n[:80] for n in names[:8]] + \
+            ([f"... {len(names) - 8} more"] if len(names) > 8 else [])
 
-    def time_bwd(self, fn, x, w, b, dy) -> float:
-        params = [t for t in (x, w, b) if t is not None]
-        y = fn(x, w, b)  # the forward runs once, outside the timed function
-        try:
-            return self.bench_ms(lambda: y.backward(dy, retain_graph=True), grad_to_none=params) * 1e3
-        finally:
-            del y
-            for t in params:
-                t.grad = None
+    def host_us(self, call, calls: int) -> float:
+        torch = self.torch
+        call()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / calls * 1e6
+
+    def _host_calls(self, est_us: float | None) -> int:
+        # K back-to-back calls, fewer where the GPU time alone would pass ~0.5 s.
+        if not est_us:
+            return self.host_calls
+        return max(10, min(self.host_calls, int(5e5 / est_us)))
 
     def time_copy(self, nbytes: int) -> float:
         half = max(1, nbytes // 2)
         src = self.torch.empty(half, dtype=self.torch.uint8, device=self.dev).fill_(7)
         dst = self.torch.empty_like(src)
-        try:
-            return self.bench_ms(lambda: dst.copy_(src)) * 1e3
-        finally:
-            del src, dst
+        return self.kernel_us(lambda: dst.copy_(src))[0]
+
+    def probe(self) -> None:
+        """Raises when the profiler-based timing does not work on this machine."""
+        us = self.time_copy(1 << 24)
+        if not us > 0:
+            raise RuntimeError(f"a 16 MiB device copy timed {us} us")
+
+    def time_impl(self, fwd, params, dy, entries: dict) -> None:
+        """Fills kernel and host times of both directions; a direction that raises
+        is recorded unavailable and the other one is kept."""
+        torch = self.torch
+
+        def bwd_kernels():
+            y = fwd()  # the forward runs here, outside the timed calls
+            return self.kernel_us(lambda g: torch.autograd.grad(y, params, g, retain_graph=True),
+                                  setup=lambda: (dy.clone(),))
+
+        dy_h = dy.clone()  # the host loop's dy (Liger writes dx over it)
+        for d, kernels, host in (("fwd", lambda: self.kernel_us(fwd), fwd),
+                                 ("bwd", bwd_kernels, lambda: torch.autograd.grad(fwd(), params, dy_h))):
+            e = entries[d]
+            try:
+                e["us"], e["us_min"], e["us_max"], e["kernels"] = kernels()
+                e["host_calls"] = self._host_calls(e["us"] + ((entries["fwd"]["us"] or 0) if d == "bwd" else 0))
+                e["host_us"] = self.host_us(host, e["host_calls"])
+            except Exception as exc:  # noqa: BLE001
+                e.update(status=report.UNAVAILABLE, reason="timing: " + short_error(exc), us=None)
+                self.free()
 
     def run_case(self, case: Case, seed: int) -> list[dict]:
         torch = self.torch
@@ -466,60 +562,53 @@ class Runner:
         for d in DIRECTIONS:
             nbytes = traffic_bytes(case.norm, d, case.M, case.N, case.dtype)
             rows[d] = {"label": case.label, "norm": case.norm, "dtype": case.dtype, "M": case.M, "N": case.N,
-                       "eps": case.eps, "direction": d, "bytes": nbytes, "tolerance": tol,
-                       "copy_us": None, "copy_gbps": None, "impls": {}}
+                       "eps": case.eps, "direction": d, "bytes": nbytes, "tolerance": tol, "copy_us": None,
+                       "copy_gbps": None, "impls": {}}
 
         x, w, b, dy = self.inputs(case, seed)
-        fns = {}
         try:
-            ref = self.reference(case, x, w, b, dy)
-        except Exception as exc:  # noqa: BLE001 - e.g. OOM: no check, no timing
-            ref = None
-            ref_error = "reference: " + _short_error(exc)
-            self.free()
-
-        # Correctness first (also the first call: JIT, compile, autotune).
-        for name in self.impls:
-            entries = {d: {"us": None, "gbps": None, "sol_pct": None, "correct": None,
-                           "max_rel_err": {}, "error": None} for d in DIRECTIONS}
-            for d in DIRECTIONS:
-                rows[d]["impls"][name] = entries[d]
-            if name in self.unavailable:
-                for e in entries.values():
-                    e["error"] = "unavailable: " + self.unavailable[name]
-                    e["unavailable"] = True
-                continue
-            if ref is None:
-                for e in entries.values():
-                    e["error"] = ref_error
-                continue
-            try:
-                fn = self.build(name, case)
-                errs = self.check(fn, case, x, w, b, dy, ref)
-                fns[name] = fn
-            except Exception as exc:  # noqa: BLE001
-                for e in entries.values():
-                    e["error"] = _short_error(exc)
-                self.free()
-                continue
-            fwd_err = {"y": errs["y"]}
-            bwd_err = {k: v for k, v in errs.items() if k != "y"}
-            for d, part in (("fwd", fwd_err), ("bwd", bwd_err)):
-                entries[d]["max_rel_err"] = {k: _finite_or_str(v) for k, v in part.items()}
-                entries[d]["correct"] = all(math.isfinite(v) and v <= tol for v in part.values())
-        del ref
+            ref, ref_error = self.reference(case, x, w, b, dy), None
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory: no check, no timing
+            ref, ref_error = None, "reference: " + short_error(exc)
         self.free()
 
-        for name, fn in fns.items():
+        for name in self.impls:
+            entries = {d: new_entry() for d in DIRECTIONS}
             for d in DIRECTIONS:
-                e = rows[d]["impls"][name]
-                try:
-                    e["us"] = self.time_fwd(fn, x, w, b) if d == "fwd" else self.time_bwd(fn, x, w, b, dy)
-                    e["gbps"] = gbps(rows[d]["bytes"], e["us"])
-                except Exception as exc:  # noqa: BLE001
-                    e["error"] = "timing: " + _short_error(exc)
-                    self.free()
-        del fns, x, w, b, dy
+                rows[d]["impls"][name] = entries[d]
+            status, reason = None, None
+            if name in self.unavailable:
+                status, reason = report.UNAVAILABLE, self.unavailable[name]
+            elif ref is None:
+                status, reason = report.ERROR, ref_error
+            if status:
+                for e in entries.values():
+                    e.update(status=status, reason=reason)
+                continue
+            fwd = params = None
+            try:
+                fwd, params = self.build(name, case, x, w, b)
+                errs = self.check(fwd, params, dy, ref)
+            except Skipped as exc:
+                status, reason = report.SKIPPED, str(exc)
+            except Exception as exc:  # noqa: BLE001 - a peer that raises on this shape
+                status, reason = report.UNAVAILABLE, short_error(exc)
+            if status:
+                for e in entries.values():
+                    e.update(status=status, reason=reason)
+                del fwd, params
+                self.free()
+                continue
+            for d, keys in (("fwd", ("y",)), ("bwd", ("dx", "dweight", "dbias"))):
+                part = {k: errs[k] for k in keys if k in errs}
+                e = entries[d]
+                e["rel_err"] = {k: _finite_or_str(v) for k, v in part.items()}
+                e["correct"] = all(math.isfinite(v) and v <= tol for v in part.values())
+                e["status"] = report.OK if e["correct"] else report.FAILED_CHECK
+            self.time_impl(fwd, params, dy, entries)
+            del fwd, params
+            self.free()
+        del ref, x, w, b, dy
         torch._dynamo.reset()
         self.free()
 
@@ -529,31 +618,14 @@ class Runner:
                 r["copy_us"] = self.time_copy(r["bytes"])
                 r["copy_gbps"] = gbps(r["bytes"], r["copy_us"])
             except Exception as exc:  # noqa: BLE001
-                r["copy_error"] = _short_error(exc)
+                r["copy_error"] = short_error(exc)
             for e in r["impls"].values():
+                e["gbps"] = gbps(r["bytes"], e["us"])
                 if e["us"] and r["copy_us"]:
                     e["sol_pct"] = r["copy_us"] / e["us"] * 100.0
-            r["best_other"], r["speedup"] = speedup_of(r, self.impls)
+            report.annotate(r)
         self.free()
         return [rows[d] for d in DIRECTIONS]
-
-    def metadata(self) -> dict:
-        torch, triton = self.torch, self.triton
-        props = torch.cuda.get_device_properties(self.dev)
-        return {
-            "gpu": torch.cuda.get_device_name(self.dev),
-            "compute_capability": "%d.%d" % torch.cuda.get_device_capability(self.dev),
-            "sm_count": props.multi_processor_count,
-            "gpu_memory_bytes": props.total_memory,
-            "torch": torch.__version__,
-            "torch_cuda": torch.version.cuda,
-            "triton": triton.__version__,
-            "python": platform.python_version(),
-            "normjit": self.versions.get("normjit"),
-            "normjit_library": os.environ.get("NORMJIT_LIBRARY"),
-            "liger": self.versions.get("liger"),
-            "unavailable": dict(self.unavailable),
-        }
 
 
 # ---------------------------------------------------------------- main
@@ -561,11 +633,12 @@ class Runner:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        description="Time normjit against PyTorch eager, torch.compile and Liger-Kernel "
-        "(forward and backward, GB/s and SOL%% against a same-size device copy).",
+        description="Time the kernels of normjit against PyTorch eager, torch.compile, Liger-Kernel and Quack "
+        "(forward and backward; torch.profiler, L2 flushed; SOL% against a same-size device copy), "
+        "plus the host time per call.",
         epilog="Shapes: NORM:DTYPE:MxN (NORM rms|ln, DTYPE fp32|bf16|fp16), comma- or "
         f"space-separated, or a suite: {', '.join(SUITES)}. Exit 0 done, 1 normjit failed "
-        "a check or raised, 2 bad arguments, 3 no torch/CUDA/triton.",
+        "a check or raised, 2 bad arguments, 3 no torch/CUDA/profiler timing.",
     )
     p.add_argument("--shapes", nargs="+", metavar="SPEC", default=None,
                    help="suite name or shapes (default: the 'default' suite)")
@@ -573,13 +646,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--impl", nargs="+", metavar="NAME", default=None,
                    help=f"implementations to run, of {', '.join(IMPLS)} (default: all)")
     p.add_argument("--tune", action="store_true",
-                   help="normjit tunes shapes missing from its caches (policy 'first'; default 'never')")
+                   help="normjit tunes each shape at its first call (policy 'first'; default 'never')")
     p.add_argument("--cache-dir", default=None, help="normjit cache directory (normjit.set_cache_dir)")
     p.add_argument("--json", default=str(DEFAULT_JSON), metavar="PATH",
                    help="where to write the results (default: docs/results/compare.json)")
+    p.add_argument("--markdown", default=None, metavar="PATH",
+                   help="the markdown report (default: the JSON path with .md)")
+    p.add_argument("--reps", type=int, default=20, help="timed calls per measurement (median; default 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls before each measurement (default 3)")
+    p.add_argument("--host-calls", type=int, default=200,
+                   help="back-to-back calls of the host-time loop (fewer where the GPU time passes 0.5 s)")
     p.add_argument("--seed", type=int, default=0, help="input seed")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the rows of an existing --json (same GPU) and run only the shapes it lacks")
     p.add_argument("--max-seconds", type=float, default=None,
-                   help="start no new shape after this many seconds (the JSON keeps what ran)")
+                   help="start no new shape when the elapsed time plus the last shape's time would pass "
+                        "this; the JSON and markdown keep what ran")
     return p
 
 
@@ -591,6 +673,8 @@ def main(argv: list[str] | None = None) -> int:
         impls = parse_impls(args.impl)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.reps < 1 or args.warmup < 0 or args.host_calls < 1:
+        parser.error("--reps and --host-calls must be >= 1, --warmup >= 0")
 
     try:
         import torch
@@ -601,76 +685,96 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("compare.py: torch sees no CUDA GPU; run this on a machine with one.", file=sys.stderr)
         return EXIT_NO_GPU_STACK
+
+    runner = Runner(impls, tune=args.tune, cache_dir=args.cache_dir, reps=args.reps, warmup=args.warmup,
+                    host_calls=args.host_calls)
     try:
-        import triton.testing  # noqa: F401
-    except ImportError as exc:
-        print(f"compare.py: triton is required for do_bench ({exc}).", file=sys.stderr)
+        runner.probe()
+    except Exception as exc:  # noqa: BLE001
+        print(f"compare.py: the profiler-based kernel timing does not work here: {short_error(exc)}",
+              file=sys.stderr)
         return EXIT_NO_GPU_STACK
 
-    runner = Runner(impls, tune=args.tune, cache_dir=args.cache_dir)
     meta = runner.metadata()
     meta.update({
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "argv": sys.argv[1:] if argv is None else list(argv),
         "implementations": impls,
         "tune_policy": "first" if args.tune else "never",
-        "timing": "triton.testing.do_bench, return_mode=median, L2 flushed before each run; "
-                  "backward = y.backward(dy, retain_graph=True) alone, grads reset to None",
+        "reps": args.reps, "warmup": args.warmup, "host_calls": args.host_calls,
+        "timing": (f"Kernel time: the summed GPU durations (kernels, memcpy, memset) of what one call launches, "
+                   f"read with torch.profiler; L2 flushed (a {2 * runner.l2_bytes / 2**20:.0f} MiB buffer zeroed) "
+                   f"before each call; median of {args.reps} calls after {args.warmup} warm-up calls. Backward: "
+                   "torch.autograd.grad(y, params, dy, retain_graph=True) alone, the forward run before and "
+                   "untimed. SOL% = the time of a device copy (uint8 copy_) of the same bytes, timed the same "
+                   "way in the same run / the time; GB/s of the minimal traffic."),
         "bytes": "fwd: M*N*(x+y) + N*w (*2 with bias) + 4*M rstd (+4*M mean); "
                  "bwd: M*N*(dy+x+dx) + 2*N*w (+N*b dbias) + 4*M rstd (+4*M mean)",
-        "sol": "copy_us / us * 100; copy = dst.copy_(src), uint8, bytes/2 each way",
+        "host": "host_us: wall time of host_calls back-to-back calls / host_calls, torch.cuda.synchronize() "
+                "before and after; fwd rows: forward, bwd rows: forward + backward",
         "tolerance": TOLERANCE,
-        "liger_rms_casting_mode": "gemma",
+        "liger": "RMSNorm casting_mode gemma, in_place True (a fresh dy per timed call)",
+        "quack": "RMSNorm quack.rmsnorm.rmsnorm (autograd); LayerNorm layernorm_fwd/layernorm_bwd, fp32 w and b",
     })
-    print(f"GPU: {meta['gpu']} (sm_{meta['compute_capability'].replace('.', '')}, {meta['sm_count']} SMs)  "
-          f"torch {meta['torch']} (CUDA {meta['torch_cuda']})  triton {meta['triton']}  "
-          f"normjit {meta['normjit'] or '?'}  liger {meta['liger'] or '-'}  tune={meta['tune_policy']}")
+    v = meta["versions"]
+    print(f"GPU: {meta['gpu']} (sm_{meta['compute_capability'].replace('.', '')}, {meta['sm_count']} SMs, "
+          f"L2 {runner.l2_bytes / 2**20:.0f} MiB)  " + "  ".join(f"{k} {val}" for k, val in v.items() if val)
+          + f"  tune={meta['tune_policy']}", flush=True)
     for name, why in runner.unavailable.items():
-        print(f"{name}: unavailable ({why})")
-    print(f"{len(cases)} shapes; '*' after us = failed the correctness check (tolerance fp32 1e-4, "
-          "fp16 4e-3, bf16 3e-2); speedup = best other (correct) us / normjit us\n")
-    print(table_header(impls), flush=True)
+        print(f"{name}: unavailable ({why})", flush=True)
+    print(f"{len(cases)} shapes, {len(impls)} implementations; kernel us (median of {args.reps}), "
+          "'*' = failed the float64 check", flush=True)
 
-    rows: list[dict] = []
-    doc = {"schema": "normjit-compare/1", "meta": meta, "rows": rows}
     json_path = Path(args.json)
-    start = time.monotonic()
-    skipped = []
+    md_path = Path(args.markdown) if args.markdown else json_path.with_suffix(".md")
+    rows: list[dict] = []
+    if args.resume and json_path.exists():
+        try:
+            old = json.loads(json_path.read_text())
+        except ValueError as exc:
+            print(f"compare.py: --resume: cannot read {json_path}: {exc}", file=sys.stderr)
+            return 2
+        old_gpu = old.get("meta", {}).get("gpu")
+        if old.get("schema") != SCHEMA or old_gpu != meta["gpu"]:
+            print(f"compare.py: --resume: {json_path} is {old.get('schema')} from {old_gpu}, not {SCHEMA} from "
+                  f"{meta['gpu']}", file=sys.stderr)
+            return 2
+        rows = old.get("rows", [])
+        done = {r["label"] for r in rows}
+        meta["resumed_rows"] = len(rows)
+        print(f"--resume: {len(rows)} rows kept, {sum(c.label in done for c in cases)} shapes already done",
+              flush=True)
+        cases = [c for c in cases if c.label not in done]
+    doc = {"schema": SCHEMA, "meta": meta, "rows": rows}
+    start, last = time.monotonic(), 0.0
     for i, case in enumerate(cases):
-        if args.max_seconds is not None and time.monotonic() - start > args.max_seconds:
-            skipped = [c.label for c in cases[i:]]
+        elapsed = time.monotonic() - start
+        if args.max_seconds is not None and elapsed + last > args.max_seconds:
+            meta["skipped_over_time"] = [c.label for c in cases[i:]]
+            print(f"over --max-seconds ({elapsed:.0f} s + {last:.0f} s): not running "
+                  f"{len(cases) - i} shapes", flush=True)
             break
         t0 = time.monotonic()
         case_rows = runner.run_case(case, args.seed)
         rows += case_rows
+        last = time.monotonic() - t0
         for r in case_rows:
-            print(table_row(r, impls), flush=True)
-        print(f"  [{i + 1}/{len(cases)}] {case.label} {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
+            print(report.progress_line(r, impls), flush=True)
+        print(f"  [{i + 1}/{len(cases)}] {case.label} {last:.1f} s", flush=True)
         meta["elapsed_s"] = round(time.monotonic() - start, 1)
+        meta["summary"] = report.summarize(rows)
         write_json(json_path, doc)
-    if skipped:
-        meta["skipped_over_time"] = skipped
-        print(f"\nover --max-seconds: skipped {', '.join(skipped)}")
+        report.write_text(md_path, report.markdown(doc))
 
-    summary = geomean_speedups(rows, impls)
-    meta["geomean_speedup"] = summary
     meta["elapsed_s"] = round(time.monotonic() - start, 1)
+    meta["summary"] = report.summarize(rows)
     write_json(json_path, doc)
+    text = report.markdown(doc)
+    report.write_text(md_path, text)
+    print("\n" + text, flush=True)
+    print(f"wrote {json_path} ({len(rows)} rows) and {md_path}, {meta['elapsed_s']} s", flush=True)
 
-    if summary:
-        print("\nnormjit speed-up, geometric mean over rows where both passed:")
-        for d, per in summary.items():
-            print(f"  {d}: " + ", ".join(f"vs {IMPL_TITLES[n]} {v['geomean']:.2f}x ({v['rows']} rows)"
-                                         for n, v in per.items()))
-    fails = failure_lines(rows, impls)
-    if fails:
-        print("\nfailures:")
-        for line in fails:
-            print("  " + line)
-    print(f"\nwrote {json_path} ({len(rows)} rows, {meta['elapsed_s']} s)")
-
-    nj_bad = [r for r in rows if "normjit" in r["impls"]
-              and (r["impls"]["normjit"].get("error") or r["impls"]["normjit"].get("correct") is False)]
+    nj_bad = [r for r in rows if r["impls"].get("normjit", {}).get("status") not in (None, report.OK)]
     return EXIT_NORMJIT_FAILED if nj_bad else 0
 
 

@@ -1,21 +1,28 @@
 #!/usr/bin/env python3
-"""Plot tools/compare.py results: GB/s against N for each implementation.
+"""Plot tools/compare.py results: GB/s (or SOL%) against N per implementation.
 
-One subplot per family (norm, dtype, direction, M) that has at least two
-values of N; the same-size device copy (the SOL bandwidth) is the dashed
-line. Points of an implementation that failed its correctness check are
-drawn hollow.
+One figure for the GPU of the JSON: a row of panels per family (norm,
+dtype) that has at least two values of N, forward on the left, backward on
+the right. For each N the shape with the largest M*N is plotted (decode
+shapes with M < 256 are left out: they measure latency, not bandwidth).
+Kernel times as compare.py measured them; the same-size device copy (SOL)
+is the dashed line. Points of an implementation that failed its
+correctness check are drawn hollow. Needs matplotlib, not a GPU.
 
-    python3 tools/plot.py [docs/results/compare.json] [--out docs/results/compare.png]
+    python3 tools/plot.py [docs/results/compare.json] [--out docs/results/compare.png] [--metric gbps|sol]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
+
+_TOOLS = str(Path(__file__).resolve().parent)
+if _TOOLS not in sys.path:
+    sys.path.insert(0, _TOOLS)
+from compare_report import DIRECTIONS, IMPL_TITLES, implementations  # noqa: E402 - standard library only
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = ROOT / "docs" / "results" / "compare.json"
@@ -23,42 +30,40 @@ DEFAULT_PNG = ROOT / "docs" / "results" / "compare.png"
 
 NORM_TITLES = {"rms": "RMSNorm", "ln": "LayerNorm"}
 DIRECTION_TITLES = {"fwd": "forward", "bwd": "backward"}
-IMPL_TITLES = {"normjit": "normjit", "eager": "torch eager", "compile": "torch.compile", "liger": "Liger"}
 IMPL_STYLE = {  # colour, marker
     "normjit": ("tab:red", "o"),
     "eager": ("tab:blue", "s"),
     "compile": ("tab:green", "^"),
     "liger": ("tab:purple", "D"),
+    "quack": ("tab:orange", "v"),
 }
-DIRECTION_ORDER = {"fwd": 0, "bwd": 1}
+MIN_M = 256  # rows with fewer rows than this are decode (latency) shapes
 
 
-def families(rows: list[dict]) -> dict[tuple, list[dict]]:
-    """(norm, dtype, direction, M) -> rows sorted by N, for families with >= 2 N values."""
-    groups: dict[tuple, dict[int, dict]] = {}
+def families(rows: list[dict], min_m: int = MIN_M) -> dict[tuple, dict[str, list[dict]]]:
+    """(norm, dtype) -> {direction: rows sorted by N}, one row per N (the
+    largest M*N), for families with two or more N values."""
+    groups: dict[tuple, dict[str, dict[int, dict]]] = {}
     for r in rows:
-        key = (r["norm"], r["dtype"], r["direction"], r["M"])
-        groups.setdefault(key, {})[r["N"]] = r
-    out = {k: [v[n] for n in sorted(v)] for k, v in groups.items() if len(v) >= 2}
-    order = sorted(out, key=lambda k: (k[0] != "rms", k[1], -k[3], DIRECTION_ORDER.get(k[2], 9)))
+        if r["M"] < min_m:
+            continue
+        per_n = groups.setdefault((r["norm"], r["dtype"]), {}).setdefault(r["direction"], {})
+        old = per_n.get(r["N"])
+        if old is None or r["M"] * r["N"] > old["M"] * old["N"]:
+            per_n[r["N"]] = r
+    out = {}
+    for key, dirs in groups.items():
+        if max(len(v) for v in dirs.values()) >= 2:
+            out[key] = {d: [v[n] for n in sorted(v)] for d, v in dirs.items()}
+    order = sorted(out, key=lambda k: (k[0] != "rms", k[1] != "bf16", k[1]))
     return {k: out[k] for k in order}
 
 
-def implementations(doc: dict) -> list[str]:
-    names = list(doc.get("meta", {}).get("implementations") or [])
-    for r in doc.get("rows", []):
-        for n in r.get("impls", {}):
-            if n not in names:
-                names.append(n)
-    return names
+def _value(entry: dict, metric: str):
+    return entry.get("sol_pct" if metric == "sol" else "gbps")
 
 
-def family_title(key: tuple) -> str:
-    norm, dtype, direction, M = key
-    return f"{NORM_TITLES.get(norm, norm)} {dtype} {DIRECTION_TITLES.get(direction, direction)}, M={M}"
-
-
-def plot(doc: dict, out: Path) -> int:
+def plot(doc: dict, out: Path, metric: str = "gbps") -> int:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -68,60 +73,67 @@ def plot(doc: dict, out: Path) -> int:
     fams = families(doc.get("rows", []))
     names = implementations(doc)
     gpu = doc.get("meta", {}).get("gpu") or "unknown GPU"
-    n = len(fams)
-    ncols = 2 if n > 1 else 1
-    nrows = max(1, math.ceil(n / ncols))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 4.3 * nrows + 0.6),
-                             squeeze=False, layout="constrained")
-    fig.suptitle(f"normjit vs PyTorch eager, torch.compile and Liger-Kernel on {gpu}\n"
-                 "GB/s of the minimal traffic; dashed: same-size device copy (SOL)", fontsize=11)
-    if n == 0:
-        axes[0][0].text(0.5, 0.5, "no family with two or more N values at one M",
-                        ha="center", va="center", transform=axes[0][0].transAxes)
-        axes[0][0].set_axis_off()
-    for ax in axes.flat[n:]:
-        ax.set_axis_off()
+    nrows = max(1, len(fams))
+    fig, axes = plt.subplots(nrows, 2, figsize=(13, 4.3 * nrows + 0.8), squeeze=False, layout="constrained")
+    what = "SOL% (same-size device copy = 100%)" if metric == "sol" else \
+        "GB/s of the minimal traffic; dashed: same-size device copy (SOL)"
+    fig.suptitle(f"normjit vs {', '.join(IMPL_TITLES.get(n, n) for n in names if n != 'normjit')} on {gpu}\n"
+                 f"kernel time (torch.profiler, L2 flushed); {what}", fontsize=11)
+    if not fams:
+        for ax in axes[0]:
+            ax.text(0.5, 0.5, "no family with two or more N values", ha="center", va="center",
+                    transform=ax.transAxes)
+            ax.set_axis_off()
 
-    for ax, (key, rows) in zip(axes.flat, fams.items()):
-        Ns = [r["N"] for r in rows]
-        for name in names:
-            colour, marker = IMPL_STYLE.get(name, (None, "x"))
-            pts = [(r["N"], e["gbps"], e.get("correct") is not False)
-                   for r in rows if (e := r.get("impls", {}).get(name)) and e.get("gbps")]
-            if not pts:
+    for axrow, ((norm, dtype), dirs) in zip(axes, fams.items()):
+        for ax, d in zip(axrow, DIRECTIONS):
+            rows = dirs.get(d, [])
+            if not rows:
+                ax.set_axis_off()
                 continue
-            line = ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colour, marker=marker,
-                           label=IMPL_TITLES.get(name, name))[0]
-            bad = [p for p in pts if not p[2]]
-            if bad:
-                line.set_label(line.get_label() + " (hollow: failed check)")
-                ax.plot([p[0] for p in bad], [p[1] for p in bad], linestyle="none", marker=marker,
-                        markersize=9, markerfacecolor="white", markeredgecolor=colour)
-        copy = [(r["N"], r["copy_gbps"]) for r in rows if r.get("copy_gbps")]
-        if copy:
-            ax.plot([c[0] for c in copy], [c[1] for c in copy], color="black", linestyle="--",
-                    linewidth=1.2, label="copy (SOL)")
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_locator(FixedLocator(Ns))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xticklabels([str(v) for v in Ns], rotation=45 if len(Ns) > 6 else 0)
-        ax.set_xlabel("N (hidden size)")
-        ax.set_ylabel("GB/s")
-        ax.set_ylim(bottom=0)
-        ax.set_title(family_title(key), fontsize=10)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8, loc="best")
+            Ns = [r["N"] for r in rows]
+            for name in names:
+                colour, marker = IMPL_STYLE.get(name, (None, "x"))
+                pts = [(r["N"], _value(e, metric), e.get("status") == "failed_check" or e.get("correct") is False)
+                       for r in rows if (e := r.get("impls", {}).get(name)) and _value(e, metric)]
+                if not pts:
+                    continue
+                line = ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colour, marker=marker,
+                               label=IMPL_TITLES.get(name, name))[0]
+                bad = [p for p in pts if p[2]]
+                if bad:
+                    line.set_label(line.get_label() + " (hollow: failed check)")
+                    ax.plot([p[0] for p in bad], [p[1] for p in bad], linestyle="none", marker=marker,
+                            markersize=9, markerfacecolor="white", markeredgecolor=colour)
+            if metric == "sol":
+                ax.axhline(100.0, color="black", linestyle="--", linewidth=1.2, label="copy (SOL)")
+            else:
+                copy = [(r["N"], r["copy_gbps"]) for r in rows if r.get("copy_gbps")]
+                if copy:
+                    ax.plot([c[0] for c in copy], [c[1] for c in copy], color="black", linestyle="--",
+                            linewidth=1.2, label="copy (SOL)")
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_locator(FixedLocator(Ns))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_xticklabels([str(v) for v in Ns], rotation=45 if len(Ns) > 5 else 0, fontsize=8)
+            ax.set_xlabel("N (hidden size); M*N the largest of the suite at that N")
+            ax.set_ylabel("SOL %" if metric == "sol" else "GB/s")
+            ax.set_ylim(bottom=0)
+            ax.set_title(f"{NORM_TITLES.get(norm, norm)} {dtype} {DIRECTION_TITLES.get(d, d)}", fontsize=10)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8, loc="best")
 
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
-    return n
+    return len(fams)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Plot GB/s against N from tools/compare.py's JSON.")
+    p = argparse.ArgumentParser(description="Plot GB/s or SOL% against N from tools/compare.py's JSON.")
     p.add_argument("json", nargs="?", default=str(DEFAULT_JSON), help="results (default: docs/results/compare.json)")
     p.add_argument("--out", default=str(DEFAULT_PNG), help="PNG to write (default: docs/results/compare.png)")
+    p.add_argument("--metric", choices=("gbps", "sol"), default="gbps", help="y axis (default: gbps)")
     args = p.parse_args(argv)
     try:
         import matplotlib  # noqa: F401
@@ -134,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"plot.py: cannot read {args.json}: {exc}", file=sys.stderr)
         return 2
-    n = plot(doc, Path(args.out))
+    n = plot(doc, Path(args.out), args.metric)
     if n == 0:
-        print("plot.py: no family has two or more N values at one M; wrote an empty figure", file=sys.stderr)
-    print(f"wrote {args.out} ({n} panels)")
+        print("plot.py: no family has two or more N values; wrote an empty figure", file=sys.stderr)
+    print(f"wrote {args.out} ({n} families)")
     return 0
 
 

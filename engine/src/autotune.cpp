@@ -178,8 +178,8 @@ TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCa
                     const ProgressFn& progress) {
   TuneResult res;
   res.shape_key = shape_key(op, desc);
-  const std::vector<LaunchConfig> grid = candidate_grid(op, desc);
-  const LaunchConfig ref_cfg = heuristic_config(op, desc);
+  const std::vector<LaunchConfig> grid = candidate_grid(op, desc, dev.max_cluster);
+  const LaunchConfig ref_cfg = heuristic_config(op, desc, dev.max_cluster);
   const int total = static_cast<int>(grid.size());
   auto report = [&](int done, const std::string& text) {
     if (progress) progress(done, total, text);

@@ -36,7 +36,9 @@ struct Share {
   bool in_registers;
 };
 Share thread_share(Op op, const NormDesc& d, const LaunchConfig& c) {
-  const std::int64_t per_thread = ceil_div(ceil_div(d.N, c.vec), c.threads_per_row) * c.vec;
+  // A cluster's CTA holds its slice of the row.
+  const std::int64_t slice_chunks = ceil_div(ceil_div(d.N, c.vec), std::max(1, c.cluster));
+  const std::int64_t per_thread = ceil_div(slice_chunks, c.threads_per_row) * c.vec;
   const int full_block = c.threads() == 1024 ? 2 : 1;
   // Forward rows are cached as h_t (x's dtype, or the residual sum's).
   const bool regs = op == Op::Forward
@@ -51,7 +53,7 @@ bool dweight_in_smem(Op op, const NormDesc& d, const LaunchConfig& c) {
          make_variant(op, d).partials() > 0;
 }
 
-bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* why) {
+bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* why, int max_cluster) {
   auto no = [&](std::string s) {
     if (why) *why = std::move(s);
     return false;
@@ -63,7 +65,18 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
   const int threads = c.threads();
   if (threads < 32 || threads > 1024) return no(fmt::format("block of {} threads is outside [32, 1024]", threads));
   const std::int64_t chunks = ceil_div(d.N, c.vec);
-  if (c.threads_per_row > next_pow2(chunks)) return no(fmt::format("{} threads per row for {} chunks", c.threads_per_row, chunks));
+  if (!pow2(c.cluster) || c.cluster > max_cluster)
+    return no(fmt::format("cluster {} is not a power of two <= {} (the device's largest cluster)", c.cluster,
+                          max_cluster));
+  if (static_cast<std::int64_t>(c.threads_per_row) * c.cluster > next_pow2(chunks))
+    return no(c.cluster > 1 ? fmt::format("{} threads per row x cluster {} for {} chunks", c.threads_per_row,
+                                          c.cluster, chunks)
+                            : fmt::format("{} threads per row for {} chunks", c.threads_per_row, chunks));
+  if (c.cluster > 1) {
+    // The exchange reads one value per lane of a whole warp.
+    if (c.rows_per_pid != 1 || c.two_pass || c.stages != 0 || c.threads_per_row < 32)
+      return no("a cluster shares one row, held in registers by >= 32 threads per CTA (no two-pass, no stages)");
+  }
   const auto [per_thread, in_registers] = thread_share(op, d, c);
   const int full_block = threads == 1024 ? 2 : 1;
   // A staged backward row may still be cached when its dw sums and weight
@@ -95,10 +108,13 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
   return true;
 }
 
-std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& d) {
+std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& d, int max_cluster) {
   std::vector<LaunchConfig> out;
   const int vmax = max_vec(op, d);
   const std::int64_t mb = std::max<std::int64_t>(1, m_bucket(d.M));
+  // Clusters pay where a row is too wide for one CTA to keep many bytes in
+  // flight (16 KiB and more), or where M is too small to fill the SMs.
+  const bool clusters = d.N * dtype_size(make_variant(op, d).x) >= 16384 || mb <= 32;
   for (int vec : {vmax, vmax / 2}) {
     if (vec < 1 || (vec == vmax / 2 && vmax == 1)) continue;
     for (int tpr = 1; tpr <= 1024; tpr *= 2) {
@@ -113,12 +129,17 @@ std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& d) {
           // Rows per program beyond what M needs only idle threads, but keep
           // the smallest block for each tpr.
           if (c.rows_per_pid > mb && threads > std::max(32, tpr)) continue;
-          for (int st : op == Op::Backward ? std::vector<int>{0, 2, 3} : std::vector<int>{0})
-            for (int p : op == Op::Backward ? std::vector<int>{0, 1, 2, 4} : std::vector<int>{0}) {
-              c.stages = st;
-              c.programs_per_sm = p;
-              if (config_valid(op, d, c) && std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
-            }
+          for (int cl = 1; cl <= max_cluster; cl *= 2) {
+            if (cl > 1 && (!clusters || c.rows_per_pid != 1 || tpr < 128)) continue;
+            for (int st : op == Op::Backward && cl == 1 ? std::vector<int>{0, 2, 3} : std::vector<int>{0})
+              for (int p : op == Op::Backward ? std::vector<int>{0, 1, 2, 4} : std::vector<int>{0}) {
+                c.cluster = cl;
+                c.stages = st;
+                c.programs_per_sm = p;
+                if (config_valid(op, d, c, nullptr, max_cluster) && std::find(out.begin(), out.end(), c) == out.end())
+                  out.push_back(c);
+              }
+          }
         }
       }
     }
@@ -128,18 +149,22 @@ std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& d) {
   return out;
 }
 
-LaunchConfig heuristic_config(Op op, const NormDesc& d) {
-  const auto grid = candidate_grid(op, d);
+LaunchConfig heuristic_config(Op op, const NormDesc& d, int max_cluster) {
+  const auto grid = candidate_grid(op, d, max_cluster);
   const int vmax = max_vec(op, d);
-  const std::int64_t chunks = ceil_div(d.N, vmax);
-  // Aim for ~2 vectors per thread on long rows, one on short rows; ~256
-  // threads per program.
-  const std::int64_t want_tpr = std::min<std::int64_t>(1024, next_pow2(ceil_div(chunks, chunks >= 512 ? 2 : 1)));
   const LaunchConfig* best = nullptr;
   std::int64_t best_score = INT64_MAX;
   for (const auto& c : grid) {
+    // Aim for ~2 vectors per thread on long rows (slices), one on short
+    // rows; ~256 threads per program; a row in registers (of one CTA when it
+    // fits, else of the smallest cluster) before a two-pass row.
+    const std::int64_t chunks = ceil_div(ceil_div(d.N, vmax), c.cluster);
+    const std::int64_t want_tpr = std::min<std::int64_t>(1024, next_pow2(ceil_div(chunks, chunks >= 512 ? 2 : 1)));
+    int log_cluster = 0;
+    while ((1 << log_cluster) < c.cluster) ++log_cluster;
     const std::int64_t score = 4 * std::llabs(static_cast<long long>(c.threads_per_row) - want_tpr) +
                                std::llabs(c.threads() - 256L) + (c.vec != vmax ? 100000 : 0) +
+                               (c.two_pass ? 200000 : 0) + 5000 * log_cluster +
                                (op == Op::Backward && c.programs_per_sm != 2 ? 1 : 0);
     if (score < best_score) {
       best_score = score;
@@ -167,20 +192,24 @@ LaunchConfig fit_alignment(const LaunchConfig& cfg, Op op, const NormDesc& d,
 }
 
 std::vector<int> simplicity_key(const LaunchConfig& c) {
-  return {c.two_pass ? 1 : 0, c.threads(), c.rows_per_pid, -c.vec, c.stages, c.programs_per_sm};
+  return {c.two_pass ? 1 : 0, c.cluster, c.threads(), c.rows_per_pid, -c.vec, c.stages, c.programs_per_sm};
 }
 
-Geometry launch_geometry(Op op, const NormDesc& d, const LaunchConfig& c, int sm_count, int blocks_per_sm) {
+Geometry launch_geometry(Op op, const NormDesc& d, const LaunchConfig& c, int sm_count, int blocks_per_sm,
+                         int max_clusters) {
   Geometry g;
   g.block = static_cast<unsigned>(c.threads());
-  const std::int64_t programs = ceil_div(d.M, c.rows_per_pid);
-  if (op == Op::Forward) {
-    g.grid = static_cast<unsigned>(programs);
-  } else {
+  const int cl = std::max(1, c.cluster);
+  const std::int64_t needed = ceil_div(d.M, c.rows_per_pid);
+  std::int64_t programs = needed;
+  if (op == Op::Backward) {
     const int per_sm = c.programs_per_sm ? std::min(c.programs_per_sm, blocks_per_sm) : blocks_per_sm;
-    const std::int64_t resident = static_cast<std::int64_t>(sm_count) * std::max(1, per_sm);
-    g.grid = static_cast<unsigned>(std::max<std::int64_t>(1, std::min(programs, resident)));
+    std::int64_t resident = static_cast<std::int64_t>(sm_count) * std::max(1, per_sm) / cl;
+    if (cl > 1 && max_clusters > 0) resident = std::min<std::int64_t>(resident, max_clusters);
+    programs = std::max<std::int64_t>(1, std::min(needed, resident));
   }
+  g.programs = static_cast<unsigned>(programs);
+  g.grid = static_cast<unsigned>(programs * cl);
   return g;
 }
 

@@ -35,14 +35,18 @@ int max_vec(Op op, const NormDesc& desc);
 /// or 4 programs per SM or as many as fit, and rows staged through 0, 2 or 3
 /// cp.async buffers where rows split into whole 4..16-byte chunks. Sorted
 /// simplest first.
-std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& desc);
+/// Clusters (2..max_cluster CTAs sharing a row, max_cluster = 1 on GPUs
+/// without them): one row per program, rows in registers, no stages; only
+/// for rows of 16 KiB or more, or M <= 32 (a decode row spread over SMs).
+std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& desc, int max_cluster = 1);
 
 /// Is `cfg` valid for `op` on `desc` (would candidate_grid's rules allow it,
 /// ignoring the M-bucket rule)? `why` says which rule fails.
-bool config_valid(Op op, const NormDesc& desc, const LaunchConfig& cfg, std::string* why = nullptr);
+bool config_valid(Op op, const NormDesc& desc, const LaunchConfig& cfg, std::string* why = nullptr,
+                  int max_cluster = 1);
 
 /// The config used when no tuned one exists; always a member of the grid.
-LaunchConfig heuristic_config(Op op, const NormDesc& desc);
+LaunchConfig heuristic_config(Op op, const NormDesc& desc, int max_cluster = 1);
 
 /// Lowers cfg.vec until every pointer and row stride is aligned to a whole
 /// vector (the vectors are single 4/8/16-byte accesses), and drops cp.async
@@ -56,13 +60,16 @@ LaunchConfig fit_alignment(const LaunchConfig& cfg, Op op, const NormDesc& desc,
 std::vector<int> simplicity_key(const LaunchConfig& cfg);
 
 struct Geometry {
-  unsigned grid = 0, block = 0;
+  unsigned grid = 0, block = 0;  ///< CTAs (a multiple of cfg.cluster) and threads per CTA
+  unsigned programs = 0;         ///< programs (CTAs, or clusters): backward partial dweight rows
 };
-/// Grid and block of `op`. Forward: one program per ROWS_PER_PID rows.
-/// Backward: a persistent grid of min(programs needed, sm_count * P), with P
-/// = cfg.programs_per_sm capped at blocks_per_sm (0: blocks_per_sm); the grid
-/// size is also the number of partial dweight rows.
+/// Grid and block of `op`. A program is a CTA, or a cluster of cfg.cluster
+/// CTAs. Forward: one program per ROWS_PER_PID rows. Backward: a persistent
+/// grid of min(programs needed, resident programs): sm_count * P CTAs, with
+/// P = cfg.programs_per_sm capped at blocks_per_sm (0: blocks_per_sm),
+/// divided by the cluster size, and at most `max_clusters` clusters (the
+/// driver's count of co-resident clusters; 0: unknown).
 Geometry launch_geometry(Op op, const NormDesc& desc, const LaunchConfig& cfg, int sm_count,
-                         int blocks_per_sm);
+                         int blocks_per_sm, int max_clusters = 0);
 
 }  // namespace normjit::detail

@@ -21,6 +21,7 @@ namespace normjit::detail {
   X(cuCtxSetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize)                               \
   X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncGetAttribute)     \
   X(cuFuncSetAttribute) X(cuLaunchKernel) X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
+  X(cuLaunchKernelEx) X(cuOccupancyMaxActiveClusters)                                    \
   X(cuMemAlloc) X(cuMemFree) X(cuMemGetInfo) X(cuMemcpyHtoD) X(cuMemcpyDtoH)             \
   X(cuMemcpyDtoDAsync) X(cuMemsetD8Async) X(cuMemsetD32Async) X(cuStreamSynchronize)     \
   X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)              \
@@ -62,6 +63,9 @@ struct DeviceInfo {
   std::int64_t l2_bytes = 0;
   int max_smem_per_block_optin = 0;
   int max_regs_per_sm = 0, max_threads_per_sm = 0;
+  /// The largest thread-block cluster a config may use here: kMaxCluster
+  /// where the device launches clusters (sm_90+), else 1.
+  int max_cluster = 1;
   std::string arch() const { return "sm_" + std::to_string(cc_major * 10 + cc_minor); }
 };
 DeviceInfo device_info(CUdevice dev);

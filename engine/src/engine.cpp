@@ -149,13 +149,13 @@ struct Engine::Impl {
     } else {
       std::optional<TunedEntry> e;
       if (opt.tune_policy != TunePolicy::Always) e = st.tuned->lookup(key, &s);
-      if (e && config_valid(op, d, e->winner)) {
+      if (e && config_valid(op, d, e->winner, nullptr, st.info.max_cluster)) {
         cfg = e->winner;
       } else if (opt.tune_policy != TunePolicy::Never) {
         cfg = tune_and_store(st, op, d).winner;
         s = ConfigSource::Tuned;
       } else {
-        cfg = heuristic_config(op, d);
+        cfg = heuristic_config(op, d, st.info.max_cluster);
         s = ConfigSource::Heuristic;
       }
       st.resolved[key] = cfg;
@@ -334,7 +334,9 @@ int Engine::precompile(Op op, const NormDesc& d, const std::string& arch, std::v
     throw Error(ErrorKind::InvalidArgument, fmt::format("arch = '{}' is not of the form sm_XY (e.g. sm_90)", arch));
   std::vector<KernelSpec> specs;
   std::set<std::string> seen;  // configs differing only in launch parameters share a cubin
-  for (const auto& c : candidate_grid(op, d))
+  // Clusters exist from sm_90 on.
+  const int max_cluster = std::atoi(arch.c_str() + 3) >= 90 ? kMaxCluster : 1;
+  for (const auto& c : candidate_grid(op, d, max_cluster))
     if (KernelSpec s = make_spec(op, d, c); seen.insert(s.name()).second) specs.push_back(s);
   if (op == Op::Backward) specs.push_back(finalize_spec(d));
   std::atomic<int> ok{0};

@@ -72,6 +72,21 @@ KernelBinary compile_spec(const KernelSpec& spec, const std::string& arch, const
   return b;
 }
 
+void LoadedKernel::cluster_config(CUlaunchConfig& lc, CUlaunchAttribute& at, unsigned grid, unsigned block,
+                                  CUstream stream) const {
+  at.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  at.value.clusterDim.x = static_cast<unsigned>(spec_.cfg.cluster);
+  at.value.clusterDim.y = at.value.clusterDim.z = 1;
+  lc.gridDimX = grid;
+  lc.gridDimY = lc.gridDimZ = 1;
+  lc.blockDimX = block;
+  lc.blockDimY = lc.blockDimZ = 1;
+  lc.sharedMemBytes = static_cast<unsigned>(spec_.dynamic_smem());
+  lc.hStream = stream;
+  lc.attrs = &at;
+  lc.numAttrs = 1;
+}
+
 LoadedKernel::LoadedKernel(const KernelSpec& spec, const KernelBinary& bin) : spec_(spec) {
   NJ_CU(cuModuleLoadData(&mod_, bin.cubin.data()));
   try {
@@ -90,6 +105,15 @@ LoadedKernel::LoadedKernel(const KernelSpec& spec, const KernelBinary& bin) : sp
       NJ_CU(cuFuncSetAttribute(fn_, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, spec.dynamic_smem()));
     if (max_threads >= spec.threads())
       NJ_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, fn_, spec.threads(), spec.dynamic_smem()));
+    if (const int cl = spec.cfg.cluster; cl > 1) {
+      // Clusters above 8 CTAs are Hopper's non-portable sizes: opt in.
+      if (cl > 8) NJ_CU(cuFuncSetAttribute(fn_, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1));
+      CUlaunchAttribute at{};
+      CUlaunchConfig lc{};
+      cluster_config(lc, at, static_cast<unsigned>(cl), static_cast<unsigned>(spec.threads()), nullptr);
+      if (blocks_per_sm > 0) NJ_CU(cuOccupancyMaxActiveClusters(&max_clusters, fn_, &lc));
+      if (max_clusters < 1) blocks_per_sm = 0;  // no cluster of this size fits: not launchable
+    }
   } catch (...) {
     cu().cuModuleUnload(mod_);
     throw;
@@ -102,8 +126,16 @@ LoadedKernel::~LoadedKernel() {
 
 void LoadedKernel::launch(unsigned grid, unsigned block, CUstream stream, void** args, unsigned grid_y) const {
   if (grid == 0 || grid_y == 0) return;
-  const CUresult r =
-      cu().cuLaunchKernel(fn_, grid, grid_y, 1, block, 1, 1, spec_.dynamic_smem(), stream, args, nullptr);
+  CUresult r;
+  if (spec_.cfg.cluster > 1) {
+    CUlaunchAttribute at{};
+    CUlaunchConfig lc{};
+    cluster_config(lc, at, grid, block, stream);
+    lc.gridDimY = grid_y;
+    r = cu().cuLaunchKernelEx(&lc, fn_, args, nullptr);
+  } else {
+    r = cu().cuLaunchKernel(fn_, grid, grid_y, 1, block, 1, 1, spec_.dynamic_smem(), stream, args, nullptr);
+  }
   if (r != CUDA_SUCCESS)
     throw_driver_error(
         r, fmt::format("cuLaunchKernel({}, grid {}x{}, block {})", spec_.name(), grid, grid_y, block).c_str(),

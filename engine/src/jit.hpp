@@ -45,11 +45,17 @@ class LoadedKernel {
   int num_regs = 0, local_bytes = 0, static_smem = 0, max_threads = 0;
   /// Resident blocks per SM at the spec's block size (>= 1 when launchable).
   int blocks_per_sm = 0;
+  /// Cluster specs: how many clusters the device runs at once (0: none fit).
+  int max_clusters = 0;
 
-  /// cuLaunchKernel with `args`; errors carry the spec's name.
+  /// cuLaunchKernel with `args` (cuLaunchKernelEx with the cluster
+  /// dimension for cluster specs); errors carry the spec's name.
   void launch(unsigned grid, unsigned block, CUstream stream, void** args, unsigned grid_y = 1) const;
 
  private:
+  // A launch config of `grid` CTAs in clusters of the spec's size.
+  void cluster_config(CUlaunchConfig& lc, CUlaunchAttribute& at, unsigned grid, unsigned block,
+                      CUstream stream) const;
   KernelSpec spec_;
   CUmodule mod_ = nullptr;
   CUfunction fn_ = nullptr;

@@ -46,12 +46,14 @@ void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardTenso
 }
 
 Geometry backward_geometry(const LoadedKernel& k, const NormDesc& d, const LaunchConfig& cfg, int sm_count) {
-  return launch_geometry(Op::Backward, d, cfg, sm_count, k.blocks_per_sm);
+  LaunchConfig c = cfg;
+  c.cluster = k.spec().cfg.cluster;  // the kernel's own: its clusters are its programs
+  return launch_geometry(Op::Backward, d, c, sm_count, k.blocks_per_sm, k.max_clusters);
 }
 
 std::size_t backward_workspace_bytes(const Geometry& g, const NormDesc& d) {
   const int partials = make_variant(Op::Backward, d).partials();
-  return d.M == 0 ? 0 : static_cast<std::size_t>(partials) * g.grid * static_cast<std::size_t>(d.N) * sizeof(float);
+  return d.M == 0 ? 0 : static_cast<std::size_t>(partials) * g.programs * static_cast<std::size_t>(d.N) * sizeof(float);
 }
 
 void launch_backward(const LoadedKernel& k, const LoadedKernel& fin, const NormDesc& d, const BackwardTensors& t,
@@ -69,13 +71,13 @@ void launch_backward(const LoadedKernel& k, const LoadedKernel& fin, const NormD
   a.db = t.dbias;
   void* args[] = {&a};
   k.launch(g.grid, g.block, s, args);
-  if (g.grid == 1) return;  // one program wrote dweight / dbias itself
+  if (g.programs == 1) return;  // one program wrote dweight / dbias itself
   // One finalize launch for every partial (blockIdx.y: dweight, dbias).
   const Variant v = make_variant(Op::Backward, d);
   CUdeviceptr part = reinterpret_cast<CUdeviceptr>(t.workspace);
   CUdeviceptr out0 = reinterpret_cast<CUdeviceptr>(v.has_w ? t.dweight : t.dbias);
   CUdeviceptr out1 = reinterpret_cast<CUdeviceptr>(t.dbias);
-  int programs = static_cast<int>(g.grid), n = static_cast<int>(d.N);
+  int programs = static_cast<int>(g.programs), n = static_cast<int>(d.N);
   void* fargs[] = {&part, &out0, &out1, &programs, &n};
   fin.launch(static_cast<unsigned>((d.N + 31) / 32), 1024, s, fargs, static_cast<unsigned>(v.partials()));
 }

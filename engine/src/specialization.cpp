@@ -111,8 +111,8 @@ std::string KernelSpec::source() const {
   s += fmt::format("  using r_t = {};\n  using ro_t = {};\n  using h_t = {};\n  using dx_t = {};\n", device_type(v.r),
                    device_type(v.ro), device_type(v.h), device_type(v.dx));
   s += fmt::format("  using index_t = {};\n", index64 ? "long long" : "int");
-  s += fmt::format("  static constexpr int N = {}, VEC = {}, TPR = {}, ROWS = {}, STAGES = {};\n", N, cfg.vec,
-                   cfg.threads_per_row, cfg.rows_per_pid, cfg.stages);
+  s += fmt::format("  static constexpr int N = {}, VEC = {}, TPR = {}, ROWS = {}, STAGES = {}, CLUSTER = {};\n", N,
+                   cfg.vec, cfg.threads_per_row, cfg.rows_per_pid, cfg.stages, cfg.cluster);
   s += fmt::format("  static constexpr bool LAYERNORM = {}, TWO_PASS = {}, STORE_RSTD = {}, STORE_MEAN = {};\n",
                    v.norm == NormKind::LayerNorm, cfg.two_pass, v.store_rstd, v.store_mean);
   s += fmt::format("  static constexpr bool HAS_W = {}, HAS_B = {}, LLAMA = {}, HEADS = {}, DW_SMEM = {};\n", v.has_w,

@@ -1,4 +1,4 @@
-"""Tests of tools/compare.py (without a GPU) and tools/plot.py."""
+"""Tests of tools/compare.py and tools/compare_report.py (without a GPU) and tools/plot.py."""
 
 import importlib.util
 import json
@@ -10,7 +10,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPARE = ROOT / "tools" / "compare.py"
+REPORT = ROOT / "tools" / "compare_report.py"
 PLOT = ROOT / "tools" / "plot.py"
+IMPLS = ["normjit", "eager", "compile", "liger", "quack"]
 
 
 def load(path, name):
@@ -26,11 +28,16 @@ def compare():
     return load(COMPARE, "normjit_compare_under_test")
 
 
+@pytest.fixture(scope="module")
+def report():
+    return load(REPORT, "normjit_compare_report_under_test")
+
+
 def torch_importable():
     return importlib.util.find_spec("torch") is not None
 
 
-# ------------------------------------------------------------ compare.py
+# ------------------------------------------------------------ compare.py: shapes and bytes
 
 
 def test_importing_compare_does_not_import_torch():
@@ -66,21 +73,31 @@ def test_traffic_bytes_numbers(compare):
     assert compare.traffic_bytes("ln", "bwd", 4096, 1024, "fp16") == 25204736
     with pytest.raises(ValueError):
         compare.traffic_bytes("rms", "sideways", 1, 1, "bf16")
+    assert compare.gbps(2000, 1.0) == 2.0 and compare.gbps(2000, None) is None
 
 
-def test_default_suite_is_the_issues(compare):
+ISSUE = ["rms:bf16:4096x16384", "rms:bf16:4096x32768", "rms:bf16:4096x65536", "rms:bf16:1024x131072",
+         "ln:fp16:4096x16384", "ln:fp16:4096x32768", "rms:bf16:1x4096", "rms:bf16:32x8192"]
+
+
+def test_default_suite(compare):
     cases = compare.parse_shapes("default")
     labels = [c.label for c in cases]
-    assert len(labels) == len(set(labels)) == 22
-    for dt in ("fp32", "bf16"):
-        for n in (1024, 2048, 4096, 8192):
-            assert f"rms:{dt}:32768x{n}" in labels
-    for n in (256, 512, 1024, 2048, 4096, 8192, 16384, 32768):
-        assert f"ln:fp16:4096x{n}" in labels
-    for s in ("rms:bf16:32768x128", "rms:bf16:8192x4096", "rms:bf16:4096x65536",
-              "rms:bf16:1024x131072", "rms:bf16:1x4096", "rms:bf16:32x8192"):
-        assert s in labels
+    assert len(labels) == len(set(labels)) >= len(ISSUE) + 34
+    assert labels[: len(ISSUE)] == ISSUE  # first, so --max-seconds keeps them
+    rms_bf16 = {c.N for c in cases if c.norm == "rms" and c.dtype == "bf16" and 16 * 2**20 <= c.M * c.N}
+    for n in (1024, 1536, 1600, 2048, 2880, 4096, 5120, 6144, 7168, 8192, 12288, 16384, 20000, 32768, 65536,
+              100003, 131072, 262144):
+        assert n in rms_bf16, n
+    for s in ("rms:bf16:32768x128", "ln:fp16:4096x768", "rms:bf16:1x2048", "rms:bf16:1x7168", "rms:bf16:1x8192",
+              "rms:bf16:8x4096", "rms:bf16:32x4096", "rms:fp16:1x5120"):
+        assert s in labels, s
+    assert {"fp16", "fp32"} <= {c.dtype for c in cases if c.norm == "rms"}
     ln = [c for c in cases if c.norm == "ln"]
+    assert {c.dtype for c in ln} == {"fp16", "bf16"}
+    for dt in ("fp16", "bf16"):
+        assert {1600, 2880, 5120, 20000} <= {c.N for c in ln if c.dtype == dt}
+    assert all(c.M * c.N <= compare.MAX_ELEMENTS for c in cases)
     assert all(c.has_bias and c.eps == 1e-5 for c in ln)
     assert all(not c.has_bias and c.eps == 1e-6 for c in cases if c.norm == "rms")
 
@@ -89,6 +106,7 @@ def test_quick_suite_is_a_small_subset(compare):
     quick = compare.parse_shapes(["quick"])
     assert 2 <= len(quick) <= 10
     assert set(quick) <= set(compare.parse_shapes("default"))
+    assert any(c.N > compare.LIGER_MAX_N for c in quick)  # Liger's skip is exercised
 
 
 def test_explicit_shapes(compare):
@@ -106,57 +124,180 @@ def test_bad_shapes(compare, bad):
 
 
 def test_impl_subset(compare):
-    assert compare.parse_impls(None) == ["normjit", "eager", "compile", "liger"]
-    assert compare.parse_impls(["liger,normjit"]) == ["normjit", "liger"]
+    assert compare.parse_impls(None) == IMPLS
+    assert compare.parse_impls(["quack,liger,normjit"]) == ["normjit", "liger", "quack"]
     with pytest.raises(ValueError):
         compare.parse_impls(["cudnn"])
 
 
-def synthetic_rows(compare):
+# ------------------------------------------------------------ compare.py: profiler events
+
+
+def fake_profile(calls, flush="at::native::FillFunctor<unsigned char>", marker="spin_kernel(long)"):
+    """Events of one session: per call a setup copy, the flush, a marker, the call's activities, a marker."""
+    events, t = [], 0.0
+    for acts in calls:
+        for name, dur in [("Memcpy DtoD (Device -> Device)", 3.0), (flush, 40.0), (marker, 1.0)] + acts + \
+                [(marker, 1.0)]:
+            events.append((name, t, t + dur))
+            t += dur + 0.5
+    return events
+
+
+def test_split_calls_sums_the_marked_activities(compare):
+    calls = [[("normjit_rms_fwd", 10.0)], [("rms_bwd", 20.0), ("Memset (Device)", 1.0), ("reduce", 2.0)]]
+    events = fake_profile(calls)
+    got = compare.split_calls(list(reversed(events)))  # any order
+    assert [round(s, 6) for s, _ in got] == [10.0, 23.0]
+    assert got[1][1] == ["rms_bwd", "Memset (Device)", "reduce"]  # no flush, no setup copy
+
+
+def test_split_calls_drops_annotation_spans(compare):
+    events = fake_profile([[("k1", 5.0), ("k2", 5.0)]])
+    k1 = next(e for e in events if e[0] == "k1")
+    k2 = next(e for e in events if e[0] == "k2")
+    events.append(("CompiledFunction", k1[1], k2[2]))  # a GPU-side annotation enclosing both
+    assert compare.split_calls(events)[0][0] > 10.0  # counted when not dropped
+    assert compare.split_calls(events, drop_enclosing=True) == [(10.0, ["k1", "k2"])]
+
+
+def test_split_calls_odd_markers(compare):
+    events = fake_profile([[("k", 1.0)]])[:-1]
+    with pytest.raises(ValueError):
+        compare.split_calls(events)
+    assert compare.split_calls([("k", 0.0, 1.0)]) == []  # no markers: no calls
+
+
+class FakeRange:
+    def __init__(self, start, end):
+        self.start, self.end = start, end
+
+
+class FakeEvent:
+    def __init__(self, name, start, end, device="DeviceType.CUDA", annotation=None, activity=None):
+        self.name, self.time_range, self.device_type = name, FakeRange(start, end), device
+        if annotation is not None:
+            self.is_user_annotation = annotation
+        if activity is not None:
+            self.activity_type = activity
+
+
+def test_device_activities(compare):
+    evs = [FakeEvent("aten::zero_", 0, 5, device="DeviceType.CPU", annotation=False),
+           FakeEvent("kernel", 1, 2, annotation=False, activity="kernel"),
+           FakeEvent("ProfilerStep#1", 0, 9, annotation=True),
+           FakeEvent("span", 0, 9, annotation=False, activity="gpu_user_annotation")]
+    assert compare.device_activities(evs) == ([("kernel", 1.0, 2.0)], True)
+    old = [FakeEvent("kernel", 1, 2), FakeEvent("span", 0, 9)]  # a torch without the flag
+    assert compare.device_activities(old) == ([("kernel", 1.0, 2.0), ("span", 0.0, 9.0)], False)
+
+
+# ------------------------------------------------------------ compare_report.py
+
+
+def entry(us, status="ok", **kw):
+    return {"status": status, "us": us, "gbps": None if us is None else 1000.0 / us, "sol_pct": None, **kw}
+
+
+def synthetic_rows(compare, report):
     rows = []
     for direction in ("fwd", "bwd"):
         for n, nj_us in ((1024, 10.0), (2048, 18.0), (4096, 35.0)):
             nbytes = compare.traffic_bytes("rms", direction, 32768, n, "bf16")
             impls = {
-                "normjit": {"us": nj_us, "correct": True},
-                "eager": {"us": nj_us * 2, "correct": True},
-                "compile": {"us": nj_us * 1.2, "correct": True},
-                "liger": {"us": nj_us * 0.9, "correct": False},  # faster but wrong
+                "normjit": entry(nj_us, host_us=30.0),
+                "eager": entry(nj_us * 2, host_us=12.0),
+                "compile": entry(nj_us * 1.25, host_us=40.0),
+                "liger": entry(nj_us * 0.9, status="failed_check", rel_err={"y": 0.5}),  # faster but wrong
+                "quack": entry(nj_us * (0.8 if n == 4096 else 1.6), host_us=20.0),
             }
             for e in impls.values():
                 e["gbps"] = compare.gbps(nbytes, e["us"])
                 e["sol_pct"] = 0.9 * nj_us / e["us"] * 100
-            row = {"label": f"rms:bf16:32768x{n}", "norm": "rms", "dtype": "bf16", "M": 32768, "N": n,
-                   "direction": direction, "bytes": nbytes, "copy_us": 0.9 * nj_us,
-                   "copy_gbps": compare.gbps(nbytes, 0.9 * nj_us), "impls": impls}
-            row["best_other"], row["speedup"] = compare.speedup_of(row, list(impls))
-            rows.append(row)
-    # a lone shape (no family) with an error
-    rows.append({"label": "rms:bf16:1x4096", "norm": "rms", "dtype": "bf16", "M": 1, "N": 4096, "direction": "fwd",
-                 "bytes": 100, "copy_us": 2.0, "copy_gbps": 0.05,
-                 "impls": {"normjit": {"us": 3.0, "gbps": 0.03, "sol_pct": 66.0, "correct": True},
-                           "liger": {"us": None, "error": "unavailable: ModuleNotFoundError", "unavailable": True}},
-                 "best_other": None, "speedup": None})
+            rows.append(report.annotate({
+                "label": f"rms:bf16:32768x{n}", "norm": "rms", "dtype": "bf16", "M": 32768, "N": n,
+                "direction": direction, "bytes": nbytes, "tolerance": 0.03, "copy_us": 0.9 * nj_us,
+                "copy_gbps": compare.gbps(nbytes, 0.9 * nj_us), "impls": impls}))
+    # a decode shape where Liger is skipped and Quack raised
+    for direction in ("fwd", "bwd"):
+        rows.append(report.annotate({
+            "label": "rms:bf16:1x4096", "norm": "rms", "dtype": "bf16", "M": 1, "N": 4096, "direction": direction,
+            "bytes": 100, "tolerance": 0.03, "copy_us": 2.0, "copy_gbps": 0.05,
+            "impls": {"normjit": entry(3.0, host_us=9.0), "eager": entry(6.0, host_us=8.0),
+                      "compile": entry(None, status="unavailable", reason="RuntimeError: boom"),
+                      "liger": entry(None, status="skipped", reason="N > 65536"),
+                      "quack": entry(None, status="unavailable", reason="ModuleNotFoundError: quack")}}))
     return rows
 
 
-def test_speedup_skips_failing_others(compare):
-    rows = synthetic_rows(compare)
-    assert rows[0]["best_other"] == "compile"
-    assert rows[0]["speedup"] == pytest.approx(1.2)
-    g = compare.geomean_speedups(rows, ["normjit", "eager", "compile", "liger"])
-    assert g["fwd"]["eager"]["geomean"] == pytest.approx(2.0)
-    assert "liger" not in g["fwd"]
+def test_best_peer_and_ratio(compare, report):
+    rows = synthetic_rows(compare, report)
+    r = rows[0]  # 1024 fwd: compile 1.25x, liger faster but failed its check
+    assert (r["best_peer"], r["best_peer_us"]) == ("compile", 12.5)
+    assert r["ratio"] == pytest.approx(1.25)
+    r = rows[2]  # 4096 fwd: quack 0.8x
+    assert r["best_peer"] == "quack" and r["ratio"] == pytest.approx(0.8)
+    assert rows[-1]["best_peer"] == "eager" and rows[-1]["ratio"] == pytest.approx(2.0)
+    lone = {"impls": {"normjit": entry(None, status="unavailable"), "eager": entry(4.0)}}
+    assert report.annotate(lone)["ratio"] is None and lone["best_peer"] == "eager"
 
 
-def test_table_and_failures_format(compare):
-    rows = synthetic_rows(compare)
-    impls = ["normjit", "eager", "compile", "liger"]
-    text = compare.format_table(rows, impls)
-    assert "torch.compile" in text and "1.20x" in text and "n/a" in text
-    assert "*" in text  # liger flagged
-    fails = compare.failure_lines(rows, impls)
-    assert any("liger" in f and "unavailable" in f for f in fails)
+def test_geomean_and_summary(compare, report):
+    assert report.geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert report.geomean([]) is None
+    s = report.summarize(synthetic_rows(compare, report))
+    assert set(s) == {"fwd", "bwd"}
+    fwd = s["fwd"]
+    # ratios 1.25, 1.25, 0.8, 2.0
+    assert fwd["vs_best"]["rows"] == 4
+    assert fwd["vs_best"]["geomean"] == pytest.approx((1.25 * 1.25 * 0.8 * 2.0) ** 0.25)
+    assert fwd["vs"]["eager"] == {"geomean": pytest.approx(2.0), "rows": 4}
+    assert "liger" not in fwd["vs"]  # never passed its check
+    assert fwd["below_1"] == [{"label": "rms:bf16:32768x4096", "ratio": pytest.approx(0.8), "peer": "quack"}]
+
+
+def test_markdown_report(compare, report):
+    rows = synthetic_rows(compare, report)
+    doc = {"meta": {"gpu": "Test GPU", "compute_capability": "9.0", "sm_count": 132, "l2_bytes": 50 * 2**20,
+                    "versions": {"torch": "2.11.0", "quack-kernels": "0.6.5", "liger-kernel": None},
+                    "implementations": IMPLS, "tune_policy": "first", "timing": "Kernel time: test.",
+                    "skipped_over_time": ["ln:fp16:4096x768"]},
+           "rows": rows}
+    text = report.markdown(doc)
+    assert "GPU: Test GPU (sm_90, 132 SMs, L2 50 MiB)." in text
+    assert "torch 2.11.0" in text and "liger-kernel None" not in text
+    assert "## Forward (kernel time)" in text and "## Backward (kernel time)" in text
+    assert "| shape | normjit us | SOL% | GB/s | best peer | peer us | ratio | torch eager | torch.compile | " \
+           "Liger | Quack | copy us |" in text
+    assert "| rms:bf16:32768x1024 | 10.0 | 90.0% |" in text
+    assert "| torch.compile | 12.5 | 1.25x | 20.0 | 12.5 | 9.00* | 16.0 | 9.00 |" in text
+    assert "Below 1.0x (1): rms:bf16:32768x4096 0.80x (Quack)." in text
+    assert "best peer / normjit: **1.26x** over 4 shapes; against each peer: torch eager 2.00x (4)" in text
+    assert "## Host time per call" in text
+    assert "| rms:bf16:1x4096 | 9.00 / 9.00 | 8.00 / 8.00 | - | - | - |" in text
+    assert "rms:bf16:1x4096 liger (fwd, bwd): skipped: N > 65536" in text
+    assert "rms:bf16:32768x1024 liger (fwd, bwd): failed_check: relative error y=5.00e-01 over tolerance 0.03" in text
+    assert "Not run (over --max-seconds): ln:fp16:4096x768." in text
+    line = report.progress_line(rows[0], IMPLS)
+    assert line.startswith("rms:bf16:32768x1024") and "normjit 10.0 (90% SOL)" in line
+    assert "liger 9.00*" in line and line.endswith("best peer compile: 1.25x")
+    assert report.fmt_us(1857.1) == "1857" and report.fmt_us(4.671) == "4.67"
+
+
+def test_report_cli_renders_markdown(compare, report, tmp_path):
+    src = tmp_path / "compare.json"
+    rows = synthetic_rows(compare, report)
+    for r in rows:
+        r.pop("ratio")  # the CLI computes it again
+    src.write_text(json.dumps({"meta": {"gpu": "Test GPU", "implementations": IMPLS}, "rows": rows}))
+    md = tmp_path / "out" / "compare.md"
+    out = subprocess.run([sys.executable, str(REPORT), str(src), "--markdown", str(md)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "Below 1.0x (1)" in md.read_text()
+
+
+# ------------------------------------------------------------ compare.py: command line
 
 
 def test_compare_without_torch_exits_3(tmp_path):
@@ -175,24 +316,37 @@ def test_compare_bad_shape_exits_2():
     assert "MxN" in out.stderr
 
 
+def test_compare_help_lists_options():
+    out = subprocess.run([sys.executable, str(COMPARE), "--help"], capture_output=True, text=True)
+    assert out.returncode == 0
+    for opt in ("--tune", "--max-seconds", "--markdown", "--reps", "--host-calls", "--quick", "--shapes"):
+        assert opt in out.stdout
+
+
 # ------------------------------------------------------------ plot.py
 
 
-def test_plot_writes_png(compare, tmp_path):
+def test_plot_families(compare, report):
+    plot = load(PLOT, "normjit_plot_under_test")
+    rows = synthetic_rows(compare, report)
+    extra = dict(rows[0], M=16384, label="rms:bf16:16384x1024")  # smaller M*N at an N already there
+    fams = plot.families(rows + [extra])
+    assert list(fams) == [("rms", "bf16")]
+    assert [r["N"] for r in fams[("rms", "bf16")]["fwd"]] == [1024, 2048, 4096]  # decode M=1 left out
+    assert fams[("rms", "bf16")]["fwd"][0]["M"] == 32768
+    assert set(fams[("rms", "bf16")]) == {"fwd", "bwd"}
+
+
+@pytest.mark.parametrize("metric", ["gbps", "sol"])
+def test_plot_writes_png(compare, report, tmp_path, metric):
     pytest.importorskip("matplotlib", reason="matplotlib is not installed")
     src = tmp_path / "compare.json"
-    src.write_text(json.dumps({"meta": {"gpu": "Test GPU", "implementations": ["normjit", "eager", "compile", "liger"]},
-                               "rows": synthetic_rows(compare)}))
+    src.write_text(json.dumps({"meta": {"gpu": "Test GPU", "implementations": IMPLS},
+                               "rows": synthetic_rows(compare, report)}))
     png = tmp_path / "out" / "compare.png"
-    out = subprocess.run([sys.executable, str(PLOT), str(src), "--out", str(png)], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, str(PLOT), str(src), "--out", str(png), "--metric", metric],
+                         capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "2 panels" in out.stdout
+    assert "1 families" in out.stdout
     assert png.stat().st_size > 1000
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_plot_families(tmp_path, compare):
-    plot = load(PLOT, "normjit_plot_under_test")
-    fams = plot.families(synthetic_rows(compare))
-    assert list(fams) == [("rms", "bf16", "fwd", 32768), ("rms", "bf16", "bwd", 32768)]
-    assert [r["N"] for r in fams[("rms", "bf16", "fwd", 32768)]] == [1024, 2048, 4096]

@@ -231,6 +231,10 @@ struct BackwardTensors {
 /// How a kernel is launched. Every field is part of the kernel's
 /// specialisation. The product threads_per_row * rows_per_pid is the block
 /// size; a row is covered in chunks of `vec` elements.
+/// The largest thread-block cluster a config may ask for: 16 CTAs, Hopper's
+/// non-portable maximum (8 is the portable one).
+inline constexpr int kMaxCluster = 16;
+
 struct LaunchConfig {
   int vec = 1;              ///< elements per vector load (16 bytes at most)
   int threads_per_row = 32; ///< threads that cooperate on one row (power of two)
@@ -243,15 +247,20 @@ struct LaunchConfig {
   /// Backward only: rows stream through this many shared-memory buffers
   /// filled by cp.async (0 = rows double-buffered in registers).
   int stages = 0;
+  /// CTAs of a thread-block cluster that share one row (sm_90+): each holds
+  /// N / cluster columns in registers, and the row statistics are combined
+  /// through distributed shared memory, so a wide row is read once. 1: no
+  /// cluster. threads_per_row counts the threads of one CTA.
+  int cluster = 1;
 
   int threads() const { return threads_per_row * rows_per_pid; }
-  /// "v8.t512.r1", "v8.t1024.r1.2p", "v8.t256.r1.s2.p2"; parse() reads the same form.
+  /// "v8.t512.r1", "v8.t1024.r1.2p", "v8.t256.r1.s2.p2", "v8.t512.r1.c8"; parse() reads the same form.
   std::string str() const;
   static LaunchConfig parse(const std::string& text);
   bool operator==(const LaunchConfig& o) const {
     return vec == o.vec && threads_per_row == o.threads_per_row &&
            rows_per_pid == o.rows_per_pid && two_pass == o.two_pass && programs_per_sm == o.programs_per_sm &&
-           stages == o.stages;
+           stages == o.stages && cluster == o.cluster;
   }
   bool operator!=(const LaunchConfig& o) const { return !(*this == o); }
 };

@@ -1,0 +1,101 @@
+// Rows split over a thread-block cluster (sm_90+) against the float64
+// reference: RMSNorm and LayerNorm, forward and backward, every dtype, N
+// from 16K to 256K (odd N included), M = 1, 3 and 1000, each cluster size
+// the grid offers; outputs poisoned first, so an element no CTA wrote fails.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <map>
+
+#include "check.hpp"
+#include "config_grid.hpp"
+#include "gpu_harness.hpp"
+#include "ops.hpp"
+#include "test_util.hpp"
+
+using namespace normjit;
+using namespace normjit::test;
+using normjit_test::make_temp_dir;
+
+namespace {
+
+// The configs to run for `d`: the heuristic's, and the simplest of each
+// cluster size (all of them for small M; the largest for M = 1000).
+std::vector<LaunchConfig> cluster_configs(Op op, const NormDesc& d, int max_cluster) {
+  std::map<int, LaunchConfig> first;
+  for (const auto& c : candidate_grid(op, d, max_cluster))
+    if (c.cluster > 1 && !first.count(c.cluster)) first.emplace(c.cluster, c);
+  std::vector<LaunchConfig> out = {heuristic_config(op, d, max_cluster)};
+  for (const auto& [cl, c] : first)
+    if ((d.M <= 3 || cl == first.rbegin()->first) && std::find(out.begin(), out.end(), c) == out.end())
+      out.push_back(c);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("clusters: wide rows split over a cluster match float64 (RMSNorm, LayerNorm, every dtype)") {
+  const DeviceInfo dev = device_info(current_device());
+  if (dev.max_cluster < 2) {
+    MESSAGE("skipped: " << dev.name << " launches no thread-block clusters (sm_90+ only)");
+    return;
+  }
+  const auto kdir = make_temp_dir("cluster-kernels");
+  KernelCache jit(kdir->string());
+  int runs = 0, clustered = 0;
+  for (std::int64_t N : {16384, 20000, 65536, 100003, 262144})
+    for (std::int64_t M : {1, 3, 1000})
+      for (DType t : {DType::F32, DType::F16, DType::BF16})
+        for (NormKind norm : {NormKind::RMSNorm, NormKind::LayerNorm}) {
+          NormDesc d = normjit_test::make_desc(M, N, t, t);
+          d.norm = norm;
+          if (norm == NormKind::LayerNorm) {
+            d.has_bias = true;
+            d.eps = 1e-5f;
+          }
+          for (Op op : {Op::Forward, Op::Backward}) {
+            const std::uint64_t seed = fresh_seed();
+            CAPTURE(d.str());
+            CAPTURE(op_name(op));
+            CAPTURE(seed);
+            const auto configs = cluster_configs(op, d, dev.max_cluster);
+            Scratch s(op, d, seed);
+            HostTensors in;
+            for (const auto& ts : s.specs)
+              if (!ts.output) {
+                const auto f = s.download(ts.name);
+                in[ts.name].assign(f.begin(), f.end());
+              }
+            const HostTensors ref = op == Op::Forward ? forward_reference(d, in) : backward_reference(d, in);
+            auto fin = jit.get(finalize_spec(d), dev.arch());
+            for (const auto& cfg : configs) {
+              CAPTURE(cfg.str());
+              auto k = jit.get(make_spec(op, d, cfg), dev.arch());
+              REQUIRE(k->local_bytes == 0);  // the grid's register budget holds
+              REQUIRE(k->blocks_per_sm >= 1);
+              s.poison();
+              if (op == Op::Forward) {
+                launch_forward(*k, d, s.forward_tensors(), dev.sm_count, nullptr);
+              } else {
+                const Geometry g = backward_geometry(*k, d, cfg, dev.sm_count);
+                s.workspace = DeviceBuffer(std::max<std::size_t>(16, backward_workspace_bytes(g, d)));
+                launch_backward(*k, *fin, d, s.backward_tensors(), g, nullptr);
+              }
+              NJ_CU(cuCtxSynchronize());
+              for (const auto& ts : s.specs) {
+                if (!ts.output) continue;
+                CAPTURE(ts.name);
+                const auto got = s.download(ts.name);
+                const auto& r = ref.at(ts.name);
+                const double err =
+                    ts.name == "dx" ? scaled_error(got, r, ref.at("dx_scale")) : relative_error(got, r);
+                CHECK(err <= tolerance(ts.dtype));
+              }
+              ++runs;
+              clustered += cfg.cluster > 1;
+            }
+          }
+        }
+  MESSAGE(runs << " launches checked, " << clustered << " of them on clusters");
+  CHECK(clustered > 100);
+}
