@@ -135,14 +135,16 @@ def progress_line(row: dict, impls: list[str]) -> str:
     return f"{row['label']:<21} {row['direction']}  " + " | ".join(parts) + f"  -> {tail}"
 
 
-def failure_lines(rows: list[dict]) -> list[str]:
+def failure_lines(rows: list[dict], unavailable: dict | None = None) -> list[str]:
     """One line per implementation and shape that was not timed and correct;
-    forward and backward share a line when their reasons are the same."""
+    forward and backward share a line when their reasons are the same.
+    Implementations in `unavailable` (not importable: said once elsewhere)
+    are left out."""
     seen: dict[tuple, list[str]] = {}
     for r in rows:
         for name, e in r.get("impls", {}).items():
             status = e.get("status")
-            if status == OK:
+            if status == OK or (unavailable and e.get("reason") == unavailable.get(name)):
                 continue
             reason = e.get("reason") or ""
             if status == FAILED_CHECK:
@@ -204,7 +206,8 @@ def markdown(doc: dict) -> str:
         for r in drows:
             nj = r["impls"].get("normjit", {})
             gb = nj.get("gbps")
-            body.append([r["label"], cell(nj), fmt_pct(nj.get("sol_pct")), "-" if gb is None else f"{gb:.0f}",
+            body.append([r["label"], cell(nj), fmt_pct(nj.get("sol_pct")),
+                         "-" if gb is None else f"{gb:.0f}" if gb >= 100 else f"{gb:.1f}",
                          IMPL_TITLES.get(r.get("best_peer"), "-"), fmt_us(r.get("best_peer_us")),
                          fmt_ratio(r.get("ratio"))] + [cell(r["impls"].get(p)) for p in peers]
                         + [fmt_us(r.get("copy_us"))])
@@ -232,7 +235,7 @@ def markdown(doc: dict) -> str:
             body.append(row)
         lines += md_table(["shape"] + [IMPL_TITLES.get(n, n) for n in impls], body) + [""]
 
-    fails = failure_lines(rows)
+    fails = failure_lines(rows, meta.get("unavailable"))
     if fails:
         lines += ["## Not timed or failed the check", ""] + [f"- {f}" for f in fails] + [""]
     if meta.get("skipped_over_time"):

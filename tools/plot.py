@@ -77,8 +77,11 @@ def plot(doc: dict, out: Path, metric: str = "gbps") -> int:
     fig, axes = plt.subplots(nrows, 2, figsize=(13, 4.3 * nrows + 0.8), squeeze=False, layout="constrained")
     what = "SOL% (same-size device copy = 100%)" if metric == "sol" else \
         "GB/s of the minimal traffic; dashed: same-size device copy (SOL)"
+    # Files of the first schema timed with triton's do_bench (host time included).
+    how = "kernel time (torch.profiler, L2 flushed)" if doc.get("schema") == "normjit-compare/2" else \
+        "do_bench time (host included)"
     fig.suptitle(f"normjit vs {', '.join(IMPL_TITLES.get(n, n) for n in names if n != 'normjit')} on {gpu}\n"
-                 f"kernel time (torch.profiler, L2 flushed); {what}", fontsize=11)
+                 f"{how}; {what}", fontsize=11)
     if not fams:
         for ax in axes[0]:
             ax.text(0.5, 0.5, "no family with two or more N values", ha="center", va="center",
