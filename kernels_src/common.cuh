@@ -151,39 +151,71 @@ __device__ __forceinline__ unsigned num_clusters() {
   asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
   return r;
 }
-// Arrive (release: this CTA's shared-memory writes become visible to the
-// cluster) and wait (acquire) are split so independent work can go between.
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-__device__ __forceinline__ void cluster_sync() {
-  cluster_arrive();
-  cluster_wait();
-}
-// Reads the float at `p` (this CTA's shared memory) in CTA `rank`'s copy.
-__device__ __forceinline__ float ld_dsmem(const float* p, unsigned rank) {
-  unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(p)), remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-  return v;
-}
+template <int C, int K> struct ClusterExchange {
+  struct Shared {
+    float buf[2][C][K];           // [parity][sender rank][value]
+    unsigned long long bar[2];    // mbarriers, 8-byte aligned
+  };
+  Shared& sh;
+  int round = 0;
 
-// Cluster exchange of K per-CTA values (every thread of the CTA holds them,
-// as row_reduce leaves them): afterwards lane r < C of every warp holds rank
-// r's values, the other lanes 0. `slot` is [2][K] shared floats used
-// alternately (parity), so one barrier per exchange suffices: a CTA can only
-// rewrite a slot after every CTA has passed the next exchange's barrier,
-// i.e. finished reading it. Every thread of the cluster must call it.
-template <int C, int K>
-__device__ __forceinline__ void cluster_gather(float (&v)[K], float (*slot)[K], int parity) {
-  if (threadIdx.x == 0)
+  // Every thread calls init(), later ready() before the first exchange; the
+  // loads in between overlap the cluster barrier that publishes the mbarriers.
+  __device__ __forceinline__ explicit ClusterExchange(Shared& s) : sh(s) {}
+  __device__ __forceinline__ void init() {
+    if (threadIdx.x == 0) {
 #pragma unroll
-    for (int k = 0; k < K; ++k) slot[parity][k] = v[k];
-  cluster_sync();
-  const unsigned lane = threadIdx.x % 32;
+      for (int b = 0; b < 2; ++b)
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&sh.bar[b])) : "memory");
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  }
+  __device__ __forceinline__ void ready() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+
+  // v: this CTA's values (in every thread). Afterwards lane r < C of every
+  // warp holds rank r's values, the other lanes 0.
+  __device__ __forceinline__ void exchange(float (&v)[K]) {
+    const int b = round & 1;
+    const unsigned parity = (round >> 1) & 1;
+    ++round;
+    const unsigned bar = smem_addr(&sh.bar[b]);
+    if (threadIdx.x == 0)
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(C * K * 4) : "memory");
+    if (threadIdx.x < C * K) {
+      const unsigned peer = threadIdx.x / K, k = threadIdx.x % K;
+      const unsigned me = cluster_rank();
+      float val = 0.f;
 #pragma unroll
-  for (int k = 0; k < K; ++k) v[k] = lane < C ? ld_dsmem(&slot[parity][k], lane) : 0.f;
-}
+      for (int j = 0; j < K; ++j)
+        if (j == (int)k) val = v[j];
+      const unsigned dst = mapa(smem_addr(&sh.buf[b][me][k]), peer), dst_bar = mapa(bar, peer);
+      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(dst), "f"(val),
+                   "r"(dst_bar)
+                   : "memory");
+    }
+    unsigned done = 0;
+    while (!done)
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+          : "=r"(done)
+          : "r"(bar), "r"(parity)
+          : "memory");
+    const unsigned lane = threadIdx.x % 32;
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = lane < C ? sh.buf[b][lane < C ? lane : 0][k] : 0.f;
+  }
+
+ private:
+  static __device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+  }
+  static __device__ __forceinline__ unsigned mapa(unsigned local, unsigned rank) {
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    return remote;
+  }
+};
 // The sum of a warp's lanes, in every lane. A butterfly adds the same pairs in
 // every lane, and float addition commutes, so every lane, warp and CTA of the
 // cluster gets the same bits: the CTAs agree on the row's statistics.

@@ -20,10 +20,10 @@
 // input's), ro_t (dresidual's), DRES, STAGES and DW_SMEM. DW_SMEM keeps
 // weight and sums in shared memory after the stages instead of registers
 // (rows too long for those; STAGES > 0, ROWS == 1). TWO_PASS needs ROWS ==
-// 1. STAGES > 0 streams rows through STAGES shared-memory buffers with
-// cp.async (STAGES * ROWS * N * (sizeof x_t + sizeof y_t) bytes of dynamic
-// shared memory; rows must split exactly into chunks); STAGES == 0
-// double-buffers rows in registers.
+// 1. STAGES > 0 streams rows (a cluster CTA: its slice of each row) through
+// STAGES shared-memory buffers with cp.async (STAGES * ROWS * SLICE *
+// (sizeof x_t + sizeof y_t) bytes of dynamic shared memory; rows must split
+// exactly into chunks); STAGES == 0 double-buffers rows in registers.
 #pragma once
 #include "common.cuh"
 #include "norm_args.cuh"
@@ -49,14 +49,13 @@ template <class S> __device__ __forceinline__ long long num_programs() {
 // Row sums of the backward (sum g * xhat, sum g): over the row's threads,
 // then, in a cluster, over its CTAs.
 template <class S> struct RowSums {
-  red_t<S>& red;     // shared
-  float (*slot)[2];  // shared [2][2]: the cluster exchange buffers (see cluster_gather)
-  int parity;
+  using Exchange = ClusterExchange<S::CLUSTER, 2>;
+  red_t<S>& red;  // shared
+  Exchange xc;    // its buffers are shared
   __device__ __forceinline__ void reduce(float (&c)[2]) {
     row_reduce<S::TPR, S::ROWS>(c, red);
     if constexpr (S::CLUSTER > 1) {
-      cluster_gather<S::CLUSTER, 2>(c, slot, parity);
-      parity ^= 1;
+      xc.exchange(c);
       c[0] = warp_sum(c[0]);
       c[1] = warp_sum(c[1]);
     }
@@ -281,11 +280,12 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
   using L = nj::Layout<S>;
   constexpr int P = nj::kPartials<S>;
   static_assert(!S::TWO_PASS || S::ROWS == 1, "two-pass backward handles one row per program");
-  static_assert(S::CLUSTER == 1 || (S::ROWS == 1 && S::STAGES == 0 && !S::TWO_PASS),
+  static_assert(S::CLUSTER == 1 || (S::ROWS == 1 && !S::TWO_PASS && !S::DW_SMEM),
                 "a cluster shares one row held in registers");
   __shared__ nj::red_t<S> red;
-  __shared__ float cslot[2][2];
-  nj::RowSums<S> sums{red, cslot, 0};
+  __shared__ typename nj::RowSums<S>::Exchange::Shared xsh;
+  nj::RowSums<S> sums{red, typename nj::RowSums<S>::Exchange(xsh)};
+  if constexpr (S::CLUSTER > 1) sums.xc.init();
 
   const int lane = threadIdx.x % S::TPR;
   const int rg = threadIdx.x / S::TPR;
@@ -298,21 +298,22 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
   if constexpr (S::STAGES > 0) {
     static_assert(L::EXACT && !S::TWO_PASS, "staged rows need whole chunks");
     constexpr int XB = S::VEC * sizeof(x_t), YB = S::VEC * sizeof(y_t);
-    // Layout: [stage][row group][N] of x, then the same of dy. Each thread
-    // copies exactly the chunks it later reads, so cp.async.wait_group (no
-    // barrier) makes them visible to it.
+    // Layout: [stage][row group][SLICE] of x, then the same of dy. Each
+    // thread copies exactly the chunks it later reads, so cp.async.wait_group
+    // (no barrier) makes them visible to it.
+    constexpr int SL = L::SLICE;
     extern __shared__ __align__(16) unsigned char stage_smem[];
     x_t* xs = reinterpret_cast<x_t*>(stage_smem);
-    y_t* dys = reinterpret_cast<y_t*>(stage_smem + sizeof(x_t) * S::STAGES * S::ROWS * S::N);
+    y_t* dys = reinterpret_cast<y_t*>(stage_smem + sizeof(x_t) * S::STAGES * S::ROWS * SL);
     auto issue = [&](long long base, int stage) {
       const long long row = base + rg;
       if (row < M) {
         const x_t* xr = static_cast<const x_t*>(a.x) + nj::row_offset<S::HEADS, index_t>(row, a.x_ld, a.x_hs, a.heads);
         const y_t* dyr = static_cast<const y_t*>(a.dy) + nj::row_offset<S::HEADS, index_t>(row, a.dy_ld, a.dy_hs, a.heads);
-        const int off = (stage * S::ROWS + rg) * S::N;
+        const int off = (stage * S::ROWS + rg) * SL - tc.c0;
 #pragma unroll
         for (int i = 0; i < L::ITERS; ++i) {
-          const int col = (lane + i * S::TPR) * S::VEC;
+          const int col = tc.col(i);
           nj::cp_async<XB>(xs + off + col, xr + col);
           nj::cp_async<YB>(dys + off + col, dyr + col);
         }
@@ -321,10 +322,11 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
     };
     static_assert(!S::DW_SMEM || S::ROWS == 1, "dw in shared memory is per program: one row per program");
     nj::DwShare<S> share;
-    share.init(w, tc, reinterpret_cast<float*>(dys + S::STAGES * S::ROWS * S::N));
+    share.init(w, tc, reinterpret_cast<float*>(dys + S::STAGES * S::ROWS * SL));
     long long base = pid * S::ROWS;
 #pragma unroll
     for (int s = 0; s < S::STAGES - 1; ++s) issue(base + s * step, s);
+    if constexpr (S::CLUSTER > 1) sums.xc.ready();  // the cluster's mbarriers are initialised
     nj::BwdRow<S> next;
     next.stats(a, base + rg);
     for (int k = 0; base < M; base += step, ++k) {
@@ -336,10 +338,10 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
       cur.mu = next.mu;
       next.stats(a, row + step);  // one row ahead
       nj::cp_async_wait<S::STAGES - 1>();  // this row's copies have landed
-      const int off = ((k % S::STAGES) * S::ROWS + rg) * S::N;
+      const int off = ((k % S::STAGES) * S::ROWS + rg) * SL - tc.c0;
 #pragma unroll
       for (int i = 0; i < L::ITERS; ++i) {
-        const int col = (lane + i * S::TPR) * S::VEC;
+        const int col = tc.col(i);
         cur.x[i] = *reinterpret_cast<const nj::Vec<x_t, S::VEC>*>(xs + off + col);
         cur.dy[i] = *reinterpret_cast<const nj::Vec<y_t, S::VEC>*>(dys + off + col);
       }
@@ -359,6 +361,7 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
     nj::BwdRow<S> r0, r1;
     long long base = pid * S::ROWS;
     r0.load(a, base + rg, tc);
+    if constexpr (S::CLUSTER > 1) sums.xc.ready();  // the cluster's mbarriers are initialised
     while (base < M) {
       const long long next = base + step;
       r1.load(a, next + rg, tc);
@@ -370,8 +373,6 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
     }
     __shared__ float dsum[S::ROWS > 1 ? (P > 0 ? P : 1) * S::N : 1];
     nj::emit_sums<S>(a, share, tc, dsum);
-    // A CTA's shared memory must outlive the other CTAs' reads of it.
-    if constexpr (S::CLUSTER > 1) nj::cluster_sync();
   } else {
     // Wide rows: two passes over x and dy per row; this program's partial
     // rows (fp32, mostly L2-resident) accumulate dw and db in place.

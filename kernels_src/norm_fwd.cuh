@@ -107,6 +107,13 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
     row = (long long)blockIdx.x * S::ROWS + threadIdx.x / S::TPR;
   }
   const nj::ThreadCols<S::N, S::VEC, S::TPR, C> tc{c0, lane};
+  // Cluster rows exchange one value per CTA (RMSNorm: the sum of squares;
+  // LayerNorm: the slice's sum and M2). Set up before the loads, so the
+  // cluster barrier that publishes the mbarriers overlaps them.
+  using Exchange = nj::ClusterExchange<C, S::LAYERNORM ? 2 : 1>;
+  __shared__ typename Exchange::Shared xsh;
+  Exchange xc(xsh);
+  if constexpr (C > 1) xc.init();
   // Rows past M still take part in the reductions' barriers; they only skip memory.
   const bool valid = row < a.M;
   const nj::FwdRow<S> R(a, valid ? row : 0);
@@ -168,20 +175,18 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
       if constexpr (C > 1) {
         // Chan et al.'s pairwise combination of the slices' (n, mean, M2):
         // exact and stable, one exchange.
-        __shared__ float slot[2][2];
         float v[2] = {sum, s[0]};
-        nj::cluster_gather<C, 2>(v, slot, 0);
+        xc.ready();
+        xc.exchange(v);
         const int r = threadIdx.x % 32, nr = min(L::SLICE, max(0, S::N - r * L::SLICE));
         m = nj::warp_sum(v[0]) * inv_n;
         const float dm = nr > 0 ? v[0] / nr - m : 0.f;
         s[0] = nj::warp_sum(r < C ? v[1] + nr * dm * dm : 0.f);
-        nj::cluster_arrive();  // done reading the other CTAs' slots (waited for before exit)
       }
     } else if constexpr (C > 1) {
-      __shared__ float slot[2][1];
-      nj::cluster_gather<C, 1>(s, slot, 0);
+      xc.ready();
+      xc.exchange(s);
       s[0] = nj::warp_sum(s[0]);
-      nj::cluster_arrive();
     }
     rstd = rsqrtf(s[0] * inv_n + a.eps);
 #pragma unroll
@@ -198,8 +203,6 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
         R.store_y(col, L::EXACT, hv[i], shift, m, rstd, w, b);
       }
     }
-    // A CTA's shared memory must outlive the other CTAs' reads of it.
-    if constexpr (C > 1) nj::cluster_wait();
   } else {
     // Wide rows without a cluster: too long for registers. Read the row
     // twice; the second read mostly hits L2 because only a few rows per SM

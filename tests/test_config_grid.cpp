@@ -189,13 +189,18 @@ TEST_CASE("config_grid: narrow rows with many rows use several rows per program;
   CHECK(in_grid(grid_of(Op::Forward, 1000, 64), cfg(8, 8, 16)));
 }
 
-TEST_CASE("config_grid: max_vec is 16 bytes of the widest dtype, capped by N") {
+TEST_CASE("config_grid: max_vec is 16 bytes of the widest dtype, capped by N and the row strides") {
   CHECK(max_vec(Op::Forward, make_desc(8, 4096)) == 8);
   CHECK(max_vec(Op::Forward, make_desc(8, 4096, DType::F16)) == 8);
   CHECK(max_vec(Op::Forward, make_desc(8, 4096, DType::F32)) == 4);
   CHECK(max_vec(Op::Forward, make_desc(8, 4096, DType::BF16, DType::F32)) == 4);
-  CHECK(max_vec(Op::Forward, make_desc(8, 3)) == 4);
+  CHECK(max_vec(Op::Forward, make_desc(8, 3)) == 1);  // rows 3 elements apart
+  NormDesc padded = make_desc(8, 3);
+  padded.x_stride = padded.y_stride = 4;
+  CHECK(max_vec(Op::Forward, padded) == 4);
   CHECK(max_vec(Op::Forward, make_desc(8, 1)) == 1);
+  CHECK(max_vec(Op::Forward, make_desc(8, 100003)) == 1);
+  CHECK(max_vec(Op::Backward, make_desc(8, 20004)) == 4);
 }
 
 TEST_CASE("config_grid: config_valid rejects bad configs and says why") {
@@ -318,7 +323,8 @@ TEST_CASE("config_grid: clusters split wide rows and decode rows, only where the
         ++clustered;
         CHECK(c.rows_per_pid == 1);
         CHECK_FALSE(c.two_pass);
-        CHECK(c.stages == 0);
+        // Staged cluster rows: each CTA's slice splits into whole chunks.
+        if (c.stages) CHECK(wide.N % (c.vec * c.threads_per_row * c.cluster) == 0);
       }
     }
     CHECK(clustered > 0);
@@ -327,7 +333,8 @@ TEST_CASE("config_grid: clusters split wide rows and decode rows, only where the
     CHECK_FALSE(h.two_pass);
     CHECK(in_grid(grid, h));
   }
-  // A cluster's rules: one row per program, no two-pass, no stages, whole warps.
+  // A cluster's rules: one row per program, no two-pass, whole warps, whole
+  // chunks when staged.
   LaunchConfig bad = c8;
   bad.rows_per_pid = 2;
   CHECK_FALSE(config_valid(Op::Forward, wide, bad, &why, 16));
@@ -335,8 +342,12 @@ TEST_CASE("config_grid: clusters split wide rows and decode rows, only where the
   bad.two_pass = true;
   CHECK_FALSE(config_valid(Op::Forward, wide, bad, &why, 16));
   bad = c8;
-  bad.stages = 2;
+  bad.threads_per_row = 16;
   CHECK_FALSE(config_valid(Op::Backward, wide, bad, &why, 16));
+  bad = c8;
+  bad.stages = 2;
+  CHECK(config_valid(Op::Backward, wide, bad, &why, 16));
+  CHECK_FALSE(config_valid(Op::Backward, make_desc(4096, 65536 + 8 * 512), bad, &why, 16));
   // More threads than the row has chunks.
   CHECK_FALSE(config_valid(Op::Forward, make_desc(4096, 4096), c8, &why, 16));
   // Decode rows (M <= 32) may spread over a cluster; large M at a narrow row may not.

@@ -81,7 +81,10 @@ DeviceBuffer random_tensor(const TensorSpec& t, float lo, float hi, std::uint64_
 
 namespace {
 
-constexpr std::int64_t kCheckedRows = 4096;
+// Rows of each candidate's outputs compared with the reference config's:
+// about 4M elements (at least 8 rows, at most 4096), so a wide shape's check
+// takes milliseconds, not seconds.
+std::int64_t checked_rows(std::int64_t N) { return std::clamp<std::int64_t>((std::int64_t{1} << 22) / std::max<std::int64_t>(1, N), 8, 4096); }
 
 // Candidate outputs against the reference config's: a few roundings apart at
 // most (reduction order differs between configs); NaN (poison) never passes.
@@ -251,7 +254,7 @@ TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCa
     // included, which sums all rows) tell a wrong config from a right one;
     // converting every row of a large shape for each candidate would make
     // tuning it take minutes.
-    for (const TensorSpec* t : outs) o.push_back(s.download(t->name, kCheckedRows));
+    for (const TensorSpec* t : outs) o.push_back(s.download(t->name, checked_rows(desc.N)));
     return o;
   };
   // The reference is the heuristic config, or, when the compiler rejected it

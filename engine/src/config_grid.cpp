@@ -20,12 +20,29 @@ std::int64_t next_pow2(std::int64_t v) {
 constexpr int kBlockSizes[] = {128, 256, 512, 1024};
 }  // namespace
 
+std::int64_t slice_columns(std::int64_t N, const LaunchConfig& c) {
+  return ceil_div(ceil_div(N, c.vec), std::max(1, c.cluster)) * c.vec;
+}
+
 int max_vec(Op op, const NormDesc& d) {
   // Every tensor the kernel moves in vectors (unused dtypes equal x's).
   const Variant v = make_variant(op, d);
   const int widest = std::max({dtype_size(v.x), dtype_size(v.y), dtype_size(v.w), dtype_size(v.r), dtype_size(v.ro),
                                dtype_size(v.dx)});
-  return static_cast<int>(std::min<std::int64_t>(16 / widest, next_pow2(d.N)));
+  int vec = static_cast<int>(std::min<std::int64_t>(16 / widest, next_pow2(d.N)));
+  for (std::int64_t s : row_strides(op, d))
+    while (vec > 1 && s % vec) vec /= 2;
+  return vec;
+}
+
+std::vector<std::int64_t> row_strides(Op op, const NormDesc& d) {
+  const bool h3 = d.heads > 1;  // head strides exist for 3-D rows only
+  if (op == Op::Forward)
+    return {d.x_ld(), h3 ? d.x_hs() : 0, d.y_ld(), h3 ? d.y_hs() : 0, d.residual ? d.residual_ld() : 0,
+            d.store_residual_out ? d.residual_out_ld() : 0};
+  // The backward of a fused residual add reads h (residual_out) as its x.
+  return {d.dy_ld(), h3 ? d.dy_hs() : 0, d.residual ? d.residual_out_ld() : d.x_ld(), h3 ? d.x_hs() : 0, d.dx_ld(),
+          h3 ? d.dx_hs() : 0, d.has_dresidual ? d.dresidual_ld() : 0};
 }
 
 namespace {
@@ -74,14 +91,14 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
                             : fmt::format("{} threads per row for {} chunks", c.threads_per_row, chunks));
   if (c.cluster > 1) {
     // The exchange reads one value per lane of a whole warp.
-    if (c.rows_per_pid != 1 || c.two_pass || c.stages != 0 || c.threads_per_row < 32)
-      return no("a cluster shares one row, held in registers by >= 32 threads per CTA (no two-pass, no stages)");
+    if (c.rows_per_pid != 1 || c.two_pass || c.threads_per_row < 32)
+      return no("a cluster shares one row, held in registers by >= 32 threads per CTA (no two-pass)");
   }
   const auto [per_thread, in_registers] = thread_share(op, d, c);
   const int full_block = threads == 1024 ? 2 : 1;
   // A staged backward row may still be cached when its dw sums and weight
   // move to shared memory (the stages' budget below covers them).
-  const bool smem_dw = op == Op::Backward && !in_registers && c.rows_per_pid == 1 && c.stages >= 2 &&
+  const bool smem_dw = op == Op::Backward && !in_registers && c.rows_per_pid == 1 && c.stages >= 2 && c.cluster == 1 &&
                        per_thread * full_block <= 2 * kBwdCachedElemsPerThread;
   const bool fits = in_registers || smem_dw;
   if (c.two_pass) {
@@ -98,9 +115,10 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
     return no("programs_per_sm is a backward launch parameter >= 0");
   if (c.stages != 0) {
     if (op != Op::Backward || c.two_pass || c.stages < 2) return no("stages (>= 2) are for one-pass backward only");
-    if (d.N % (c.vec * c.threads_per_row)) return no("staged rows must split into whole chunks");
+    if (d.N % (static_cast<std::int64_t>(c.vec) * c.threads_per_row * c.cluster))
+      return no("staged rows must split into whole chunks");
     if (c.vec * std::min(dtype_size(v.x), dtype_size(v.y)) < 4) return no("cp.async moves 4 bytes or more");
-    if (static_cast<std::int64_t>(c.stages) * c.rows_per_pid * d.N * (dtype_size(v.x) + dtype_size(v.y)) +
+    if (static_cast<std::int64_t>(c.stages) * c.rows_per_pid * slice_columns(d.N, c) * (dtype_size(v.x) + dtype_size(v.y)) +
             (smem_dw ? d.N * (4 * v.partials() + (v.has_w ? dtype_size(v.w) : 0)) : 0) >
         kMaxStageBytes)
       return no("stages exceed the shared-memory budget");
@@ -131,7 +149,7 @@ std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& d, int max_clust
           if (c.rows_per_pid > mb && threads > std::max(32, tpr)) continue;
           for (int cl = 1; cl <= max_cluster; cl *= 2) {
             if (cl > 1 && (!clusters || c.rows_per_pid != 1 || tpr < 128)) continue;
-            for (int st : op == Op::Backward && cl == 1 ? std::vector<int>{0, 2, 3} : std::vector<int>{0})
+            for (int st : op == Op::Backward ? std::vector<int>{0, 2, 3} : std::vector<int>{0})
               for (int p : op == Op::Backward ? std::vector<int>{0, 1, 2, 4} : std::vector<int>{0}) {
                 c.cluster = cl;
                 c.stages = st;

@@ -24,7 +24,16 @@ inline constexpr int kMaxStageBytes = 224 * 1024;
 /// register budget. The spec and the config rules both ask this function.
 bool dweight_in_smem(Op op, const NormDesc& desc, const LaunchConfig& cfg);
 
-/// The largest vec (elements) allowed for the dtypes `op` moves: 16-byte accesses.
+/// Columns of a row one CTA holds: all N, or its slice of a cluster's row
+/// (whole chunks of cfg.vec).
+std::int64_t slice_columns(std::int64_t N, const LaunchConfig& cfg);
+
+/// Element strides between the rows (and heads) of every tensor `op` moves
+/// in vectors: a vector never straddles two rows, so vec must divide each.
+std::vector<std::int64_t> row_strides(Op op, const NormDesc& desc);
+
+/// The largest vec (elements) allowed for the dtypes `op` moves (16-byte
+/// accesses) that divides every row stride.
 int max_vec(Op op, const NormDesc& desc);
 
 /// Every candidate config for `op` on `desc`, after the rules that need no

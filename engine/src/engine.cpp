@@ -223,8 +223,7 @@ void Engine::forward(const NormDesc& d, const ForwardTensors& t, CUstream stream
     l.cfg = fit_alignment(l.cfg, op, d,
                           {{u.x, d.x_dtype}, {u.y, d.y_dtype}, {u.weight, d.weight_dtype}, {u.bias, d.weight_dtype},
                            {u.residual, d.residual_dtype}, {u.residual_out, d.residual_out_dtype}},
-                          {d.x_ld(), d.x_hs(), d.y_ld(), d.y_hs(), d.residual ? d.residual_ld() : 0,
-                           d.store_residual_out ? d.residual_out_ld() : 0});
+                          row_strides(op, d));
     auto k = impl_->jit.get(make_spec(op, d, l.cfg), l.arch);
     launch_forward(*k, d, u, l.sm_count, stream);
   } catch (const Error& e) {
@@ -278,8 +277,7 @@ void Engine::backward(const NormDesc& d, const BackwardTensors& t, CUstream stre
     l.cfg = fit_alignment(l.cfg, op, d,
                           {{u.dy, d.y_dtype}, {u.x, xt}, {u.weight, d.weight_dtype}, {u.dx, d.x_dtype},
                            {u.dresidual, d.residual_out_dtype}},
-                          {d.dy_ld(), d.dy_hs(), d.residual ? d.residual_out_ld() : d.x_ld(), d.x_hs(), d.dx_ld(),
-                           d.dx_hs(), d.has_dresidual ? d.dresidual_ld() : 0});
+                          row_strides(op, d));
     auto k = impl_->jit.get(make_spec(op, d, l.cfg), l.arch);
     auto fin = impl_->jit.get(finalize_spec(d), l.arch);
     launch_backward(*k, *fin, d, u, g, stream);
