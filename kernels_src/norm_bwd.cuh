@@ -296,7 +296,7 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
   const w_t* w = static_cast<const w_t*>(a.w);
 
   if constexpr (S::STAGES > 0) {
-    static_assert(L::EXACT && !S::TWO_PASS, "staged rows need whole chunks");
+    static_assert(S::N % S::VEC == 0 && !S::TWO_PASS, "staged rows need whole chunks");
     constexpr int XB = S::VEC * sizeof(x_t), YB = S::VEC * sizeof(y_t);
     // Layout: [stage][row group][SLICE] of x, then the same of dy. Each
     // thread copies exactly the chunks it later reads, so cp.async.wait_group
@@ -314,8 +314,10 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
 #pragma unroll
         for (int i = 0; i < L::ITERS; ++i) {
           const int col = tc.col(i);
-          nj::cp_async<XB>(xs + off + col, xr + col);
-          nj::cp_async<YB>(dys + off + col, dyr + col);
+          if (tc.in(i)) {
+            nj::cp_async<XB>(xs + off + col, xr + col);
+            nj::cp_async<YB>(dys + off + col, dyr + col);
+          }
         }
       }
       nj::cp_async_commit();  // an empty group past the end keeps the count uniform
@@ -342,8 +344,16 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
 #pragma unroll
       for (int i = 0; i < L::ITERS; ++i) {
         const int col = tc.col(i);
-        cur.x[i] = *reinterpret_cast<const nj::Vec<x_t, S::VEC>*>(xs + off + col);
-        cur.dy[i] = *reinterpret_cast<const nj::Vec<y_t, S::VEC>*>(dys + off + col);
+        if (tc.in(i)) {
+          cur.x[i] = *reinterpret_cast<const nj::Vec<x_t, S::VEC>*>(xs + off + col);
+          cur.dy[i] = *reinterpret_cast<const nj::Vec<y_t, S::VEC>*>(dys + off + col);
+        } else {  // past the row: zeros, so the row sums see nothing
+#pragma unroll
+          for (int k = 0; k < S::VEC; ++k) {
+            cur.x[i].v[k] = nj::from_float<x_t>(0.f);
+            cur.dy[i].v[k] = nj::from_float<y_t>(0.f);
+          }
+        }
       }
       nj::bwd_row<S>(a, cur, share, row, tc, sums);
     }

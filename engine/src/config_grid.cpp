@@ -115,8 +115,7 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
     return no("programs_per_sm is a backward launch parameter >= 0");
   if (c.stages != 0) {
     if (op != Op::Backward || c.two_pass || c.stages < 2) return no("stages (>= 2) are for one-pass backward only");
-    if (d.N % (static_cast<std::int64_t>(c.vec) * c.threads_per_row * c.cluster))
-      return no("staged rows must split into whole chunks");
+    if (d.N % c.vec) return no("staged rows must split into whole chunks");
     if (c.vec * std::min(dtype_size(v.x), dtype_size(v.y)) < 4) return no("cp.async moves 4 bytes or more");
     if (static_cast<std::int64_t>(c.stages) * c.rows_per_pid * slice_columns(d.N, c) * (dtype_size(v.x) + dtype_size(v.y)) +
             (smem_dw ? d.N * (4 * v.partials() + (v.has_w ? dtype_size(v.w) : 0)) : 0) >
