@@ -144,28 +144,33 @@ template <class S, bool IN_SMEM = S::DW_SMEM> struct DwShare {
 };
 
 template <class S> struct DwShare<S, true> {
-  float* s;              // kPartials<S> x N sums
+  // A cluster CTA keeps only its slice's columns; `s` and `ws` point at the
+  // slice's first column, so they are indexed by the column minus c0.
+  static constexpr int SL = Layout<S>::SLICE;
+  float* s;              // kPartials<S> x SL sums
   typename S::w_t* ws;   // weight
-  __device__ __forceinline__ void init(const typename S::w_t* __restrict__ w, const Cols<S>&, float* smem) {
+  int c0;
+  __device__ __forceinline__ void init(const typename S::w_t* __restrict__ w, const Cols<S>& tc, float* smem) {
+    c0 = tc.c0;
     s = smem;
-    ws = reinterpret_cast<typename S::w_t*>(smem + kPartials<S> * S::N);
-    for (int j = threadIdx.x; j < S::N; j += S::TPR * S::ROWS) {
+    ws = reinterpret_cast<typename S::w_t*>(smem + kPartials<S> * SL);
+    for (int j = threadIdx.x; j < SL && c0 + j < S::N; j += S::TPR * S::ROWS) {
 #pragma unroll
-      for (int p = 0; p < kPartials<S>; ++p) s[p * S::N + j] = 0.f;
-      if constexpr (S::HAS_W) ws[j] = w[j];
+      for (int p = 0; p < kPartials<S>; ++p) s[p * SL + j] = 0.f;
+      if constexpr (S::HAS_W) ws[j] = w[c0 + j];
     }
     __syncthreads();  // the weight is read by other threads than its loader
   }
   __device__ __forceinline__ float weight(int, int, int col) const {
-    if constexpr (S::HAS_W) return to_float(ws[col]) + S::W_OFFSET;
+    if constexpr (S::HAS_W) return to_float(ws[col - c0]) + S::W_OFFSET;
     else return 1.f;
   }
   // Each column belongs to one thread: no barrier between adds.
   __device__ __forceinline__ void add(int, int, int col, float dw, float db) {
-    if constexpr (S::HAS_W) s[col] += dw;
-    if constexpr (S::HAS_B) s[(S::HAS_W ? S::N : 0) + col] += db;
+    if constexpr (S::HAS_W) s[col - c0] += dw;
+    if constexpr (S::HAS_B) s[(S::HAS_W ? SL : 0) + col - c0] += db;
   }
-  __device__ __forceinline__ float total(int p, int, int, int col) const { return s[p * S::N + col]; }
+  __device__ __forceinline__ float total(int p, int, int, int col) const { return s[p * SL + col - c0]; }
 };
 
 // Writes partial sum p (0: dw, or db without a weight; 1: db) of column col:
@@ -280,7 +285,7 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
   using L = nj::Layout<S>;
   constexpr int P = nj::kPartials<S>;
   static_assert(!S::TWO_PASS || S::ROWS == 1, "two-pass backward handles one row per program");
-  static_assert(S::CLUSTER == 1 || (S::ROWS == 1 && !S::TWO_PASS && !S::DW_SMEM),
+  static_assert(S::CLUSTER == 1 || (S::ROWS == 1 && !S::TWO_PASS),
                 "a cluster shares one row held in registers");
   __shared__ nj::red_t<S> red;
   __shared__ typename nj::RowSums<S>::Exchange::Shared xsh;

@@ -98,7 +98,7 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
   const int full_block = threads == 1024 ? 2 : 1;
   // A staged backward row may still be cached when its dw sums and weight
   // move to shared memory (the stages' budget below covers them).
-  const bool smem_dw = op == Op::Backward && !in_registers && c.rows_per_pid == 1 && c.stages >= 2 && c.cluster == 1 &&
+  const bool smem_dw = op == Op::Backward && !in_registers && c.rows_per_pid == 1 && c.stages >= 2 &&
                        per_thread * full_block <= 2 * kBwdCachedElemsPerThread;
   const bool fits = in_registers || smem_dw;
   if (c.two_pass) {
@@ -118,7 +118,7 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
     if (d.N % c.vec) return no("staged rows must split into whole chunks");
     if (c.vec * std::min(dtype_size(v.x), dtype_size(v.y)) < 4) return no("cp.async moves 4 bytes or more");
     if (static_cast<std::int64_t>(c.stages) * c.rows_per_pid * slice_columns(d.N, c) * (dtype_size(v.x) + dtype_size(v.y)) +
-            (smem_dw ? d.N * (4 * v.partials() + (v.has_w ? dtype_size(v.w) : 0)) : 0) >
+            (smem_dw ? slice_columns(d.N, c) * (4 * v.partials() + (v.has_w ? dtype_size(v.w) : 0)) : 0) >
         kMaxStageBytes)
       return no("stages exceed the shared-memory budget");
   }

@@ -83,7 +83,7 @@ Variant make_variant(Op op, const NormDesc& d) {
 int KernelSpec::dynamic_smem() const {
   if (kind != KernelKind::Backward) return 0;
   return cfg.stages * cfg.rows_per_pid * slice_columns(N, cfg) * (dtype_size(v.x) + dtype_size(v.y)) +
-         (dw_smem ? N * (4 * v.partials() + (v.has_w ? dtype_size(v.w) : 0)) : 0);
+         (dw_smem ? slice_columns(N, cfg) * (4 * v.partials() + (v.has_w ? dtype_size(v.w) : 0)) : 0);
 }
 
 const char* KernelSpec::kernel_name() const {
