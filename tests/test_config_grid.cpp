@@ -357,6 +357,11 @@ TEST_CASE("config_grid: clusters split wide rows and decode rows, only where the
   CHECK(has_cluster(candidate_grid(Op::Forward, make_desc(1, 4096), 16)));
   CHECK_FALSE(has_cluster(candidate_grid(Op::Forward, make_desc(32768, 4096), 16)));
 
+  // Aligned pointers keep a staged cluster config whole.
+  LaunchConfig staged = c8;
+  staged.stages = 2;
+  CHECK(fit_alignment(staged, Op::Backward, wide, {}, row_strides(Op::Backward, wide)) == staged);
+
   // Geometry: forward clusters x cluster CTAs; backward programs are clusters,
   // capped by the co-resident clusters the driver reports.
   const Geometry f = launch_geometry(Op::Forward, wide, c8, 132, 1);

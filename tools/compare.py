@@ -342,7 +342,11 @@ class Runner:
         self.liger_rms, self.liger_ln = LigerRMSNormFunction, LigerLayerNormFunction
 
     def _load_quack(self):
-        import quack.rmsnorm as qr
+        # quack/__init__ rebinds the name `rmsnorm` to the function, so `import
+        # quack.rmsnorm as qr` yields the function; the module is in sys.modules.
+        import importlib
+
+        qr = importlib.import_module("quack.rmsnorm")
 
         torch = self.torch
 

@@ -204,7 +204,8 @@ LaunchConfig fit_alignment(const LaunchConfig& cfg, Op op, const NormDesc& d,
     return true;
   };
   while (c.vec > 1 && !aligned(c.vec)) c.vec /= 2;
-  if (c.stages && !config_valid(op, d, c)) c.stages = 0;
+  // The config's own cluster is one the device has (it was resolved for it).
+  if (c.stages && !config_valid(op, d, c, nullptr, std::max(1, c.cluster))) c.stages = 0;
   return c;
 }
 
