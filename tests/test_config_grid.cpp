@@ -250,9 +250,12 @@ TEST_CASE("config_grid: fit_alignment lowers vec for misaligned pointers and str
   // fp32 needs twice the byte alignment for the same vec.
   CHECK(fit(16, {4096}, DType::F32) == 4);
   CHECK(fit(8, {4096}, DType::F32) == 2);
-  // Everything but vec is kept.
-  const LaunchConfig lowered = fit_alignment(cfg(8, 128, 2, false), Op::Backward, d, {{base + 2, DType::BF16}}, {});
-  CHECK(lowered == cfg(1, 128, 2, false));
+  // Everything but vec is kept where the row's share still fits registers.
+  const LaunchConfig lowered = fit_alignment(cfg(8, 32, 2, false), Op::Forward, d, {{base + 2, DType::BF16}}, {});
+  CHECK(lowered == cfg(1, 32, 2, false));
+  // A backward share that no longer fits would need its dweight sums in
+  // shared memory, which needs stages: the row is read twice instead.
+  CHECK(fit_alignment(cfg(8, 128, 2, false), Op::Backward, d, {{base + 2, DType::BF16}}, {}) == cfg(1, 1024, 1, true));
   CHECK(fit_alignment(cfg(8, 1024, 1, true), Op::Backward, d, {}, {4097}) == cfg(1, 1024, 1, true));
 }
 
@@ -357,6 +360,21 @@ TEST_CASE("config_grid: clusters split wide rows and decode rows, only where the
   CHECK(has_cluster(candidate_grid(Op::Forward, make_desc(1, 4096), 16)));
   CHECK_FALSE(has_cluster(candidate_grid(Op::Forward, make_desc(32768, 4096), 16)));
 
+  // Misaligned pointers give a kernel that compiles for every candidate:
+  // the vec drops, then stages, then (dweight in shared memory needs its
+  // stages) a two-pass row.
+  for (const NormDesc& sd : {wide, make_desc(5, 65536), make_desc(1024, 262144), make_desc(3, 20000)})
+    for (Op op : kOps)
+      for (const auto& c : candidate_grid(op, sd, 16)) {
+        CAPTURE(sd.str());
+        CAPTURE(c.str());
+        const char* base = reinterpret_cast<const char*>(std::uintptr_t{1} << 20);
+        for (int off : {2, 4, 8}) {
+          const LaunchConfig f = fit_alignment(c, op, sd, {{base + off, DType::BF16}}, row_strides(op, sd));
+          CHECK_FALSE((dweight_in_smem(op, sd, f) && f.stages == 0));
+          if (f.two_pass) CHECK(config_valid(op, sd, f, &why, 1));
+        }
+      }
   // Aligned pointers keep a staged cluster config whole.
   LaunchConfig staged = c8;
   staged.stages = 2;

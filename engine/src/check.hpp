@@ -12,7 +12,7 @@ namespace normjit::detail {
 
 struct OutputCheck {
   std::string name;   ///< "y", "rstd", "dx", ...
-  double err = 0;     ///< relative error (dx: scaled by its terms' size; mean: by the rows' std)
+  double err = 0;     ///< relative error (dx: scaled by its terms' size; mean: by the rows' RMS)
   double tol = 0;     ///< tolerance(dtype)
   bool ok() const { return err <= tol; }
 };

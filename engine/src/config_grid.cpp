@@ -205,7 +205,18 @@ LaunchConfig fit_alignment(const LaunchConfig& cfg, Op op, const NormDesc& d,
   };
   while (c.vec > 1 && !aligned(c.vec)) c.vec /= 2;
   // The config's own cluster is one the device has (it was resolved for it).
-  if (c.stages && !config_valid(op, d, c, nullptr, std::max(1, c.cluster))) c.stages = 0;
+  const int mc = std::max(1, c.cluster);
+  if (c.stages && !config_valid(op, d, c, nullptr, mc)) c.stages = 0;  // cp.async needs 4-byte chunks
+  if (dweight_in_smem(op, d, c) && c.stages == 0) {
+    // The row's dweight share lives in shared memory after the stages, and
+    // the stages are gone: read the row twice instead, which fits any row.
+    const std::int64_t chunks = ceil_div(d.N, c.vec);
+    c.cluster = 1;
+    c.stages = 0;
+    c.rows_per_pid = 1;
+    c.two_pass = true;
+    c.threads_per_row = static_cast<int>(std::clamp<std::int64_t>(next_pow2(chunks), 32, 1024));
+  }
   return c;
 }
 

@@ -59,7 +59,8 @@ LaunchConfig heuristic_config(Op op, const NormDesc& desc, int max_cluster = 1);
 
 /// Lowers cfg.vec until every pointer and row stride is aligned to a whole
 /// vector (the vectors are single 4/8/16-byte accesses), and drops cp.async
-/// stages when a chunk becomes narrower than 4 bytes; keeps the rest.
+/// stages when a chunk becomes narrower than 4 bytes; keeps the rest, unless
+/// the row's dweight share needed those stages: then a two-pass config.
 LaunchConfig fit_alignment(const LaunchConfig& cfg, Op op, const NormDesc& desc,
                            const std::vector<std::pair<const void*, DType>>& pointers,
                            const std::vector<std::int64_t>& strides);

@@ -26,7 +26,7 @@ inline double round_as(DType t, double v) {
 /// The forward of any variant (RMSNorm or LayerNorm, residual add, weight
 /// offset, no weight / bias, casting modes) in float64 from `in` (x,
 /// residual, weight, bias). Returns y, residual_out, mean, rstd (those the
-/// descriptor writes; with mean, mean_scale: each row's standard deviation). Roundings that are part of the definition (the
+/// descriptor writes; with mean, mean_scale: each row's root mean square). Roundings that are part of the definition (the
 /// residual sum in ResidualDtype mode, xhat in Llama mode) are applied.
 inline HostTensors forward_reference(const NormDesc& d, const HostTensors& in) {
   const bool ln = d.norm == NormKind::LayerNorm;
@@ -66,11 +66,11 @@ inline HostTensors forward_reference(const NormDesc& d, const HostTensors& in) {
   }
   if (d.store_residual_out) out["residual_out"] = std::move(ho);
   if (ln && d.store_mean) {
-    // The scale a mean's error is judged against: the row's standard
-    // deviation (a mean near 0 is not known to its own relative precision:
-    // fp32 sums of N values carry errors of order eps * sqrt(N) * std).
+    // The scale a mean's error is judged against: the row's root mean
+    // square, sqrt(mean^2 + var) (a mean near 0 is not known to its own
+    // relative precision: fp32 sums carry errors of the order of the values).
     auto& ms = out["mean_scale"];
-    for (double r : rstd) ms.push_back(1.0 / r);
+    for (std::size_t i = 0; i < M; ++i) ms.push_back(std::sqrt(mean[i] * mean[i] + 1.0 / (rstd[i] * rstd[i])));
     out["mean"] = std::move(mean);
   }
   if (d.store_rstd) out["rstd"] = std::move(rstd);
