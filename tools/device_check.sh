@@ -58,7 +58,7 @@ for phase in "${phases[@]}"; do
       export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$root/tools/python" NORMJIT_LIBRARY="$build/libnormjit_c.so"
       ( cd "$root" && timeout "${PYTEST_TIMEOUT:-300}" python3 -m pytest -q -rs tests/python ) > "$out/pytest.log" 2>&1
       echo "pytest rc=$?"; tail -n 15 "$out/pytest.log"
-      ( cd "$root" && timeout "${COMPARE_TIMEOUT:-360}" python3 tools/compare.py --json "$out/compare.json" ) > "$out/compare.log" 2>&1
+      ( cd "$root" && timeout "${COMPARE_TIMEOUT:-360}" python3 tools/compare.py --tune --max-seconds 300 --json "$out/compare.json" ) > "$out/compare.log" 2>&1
       echo "compare rc=$?"; tail -n 60 "$out/compare.log" | cut -c1-220
       python3 "$root/tools/plot.py" "$out/compare.json" --out "$out/compare.png" ;;
     *) echo "unknown phase '$phase' (tests tune bench main python)"; exit 2 ;;
