@@ -101,7 +101,7 @@ TEST_CASE("tuning stores a winner that later engines find; policies behave") {
     ConfigSource src{};
     const LaunchConfig c = e.config_for(Op::Forward, d, &src);
     CHECK(src == ConfigSource::Heuristic);
-    CHECK(c == heuristic_config(Op::Forward, d));
+    CHECK(c == heuristic_config(Op::Forward, d, device_info(current_device()).max_cluster));
   }
   o.tune_policy = TunePolicy::OnFirstUse;
   LaunchConfig tuned;

@@ -168,21 +168,37 @@ std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& d, int max_clust
 
 LaunchConfig heuristic_config(Op op, const NormDesc& d, int max_cluster) {
   const auto grid = candidate_grid(op, d, max_cluster);
+  // What tuning on an H100 and an H200 chose (autotune_cache/): the forward
+  // moves 16-byte vectors, the backward 4 elements (8 bytes of a 16-bit
+  // dtype); about 4 vectors per thread; a cluster once a CTA's slice would
+  // pass 2048 vectors; decode rows (M <= 32) spread over a cluster until
+  // each CTA holds about 128 vectors; backward rows through 2 cp.async stages.
   const int vmax = max_vec(op, d);
+  const bool bwd = op == Op::Backward;
+  const int want_vec = bwd ? std::min(vmax, 4) : vmax;
+  const std::int64_t chunks = ceil_div(d.N, want_vec);
+  const bool decode = m_bucket(d.M) <= 32;
+  int want_cluster = 1;
+  if (decode)
+    while (want_cluster * 2 <= max_cluster && ceil_div(chunks, want_cluster * 2) >= 128) want_cluster *= 2;
+  else
+    while (want_cluster < max_cluster && ceil_div(chunks, want_cluster) > 2048) want_cluster *= 2;
+  const std::int64_t slice = ceil_div(chunks, want_cluster);
+  const std::int64_t want_tpr =
+      decode && want_cluster > 1 ? 128 : std::min<std::int64_t>(512, next_pow2(ceil_div(slice, 4)));
+  auto log2i = [](std::int64_t v) {
+    int l = 0;
+    while ((std::int64_t{1} << l) < v) ++l;
+    return l;
+  };
   const LaunchConfig* best = nullptr;
   std::int64_t best_score = INT64_MAX;
   for (const auto& c : grid) {
-    // Aim for ~2 vectors per thread on long rows (slices), one on short
-    // rows; ~256 threads per program; a row in registers (of one CTA when it
-    // fits, else of the smallest cluster) before a two-pass row.
-    const std::int64_t chunks = ceil_div(ceil_div(d.N, vmax), c.cluster);
-    const std::int64_t want_tpr = std::min<std::int64_t>(1024, next_pow2(ceil_div(chunks, chunks >= 512 ? 2 : 1)));
-    int log_cluster = 0;
-    while ((1 << log_cluster) < c.cluster) ++log_cluster;
-    const std::int64_t score = 4 * std::llabs(static_cast<long long>(c.threads_per_row) - want_tpr) +
-                               std::llabs(c.threads() - 256L) + (c.vec != vmax ? 100000 : 0) +
-                               (c.two_pass ? 200000 : 0) + 5000 * log_cluster +
-                               (op == Op::Backward && c.programs_per_sm != 2 ? 1 : 0);
+    const std::int64_t score = (c.two_pass ? 10000000 : 0) + (c.vec != want_vec ? 1000000 : 0) +
+                               20000 * std::llabs(log2i(c.cluster) - log2i(want_cluster)) +
+                               4 * std::llabs(static_cast<long long>(c.threads_per_row) - want_tpr) +
+                               std::llabs(c.threads() - 256L) + (bwd && c.stages != 2 ? 50 : 0) +
+                               (c.programs_per_sm != 0 ? 1 : 0);
     if (score < best_score) {
       best_score = score;
       best = &c;
