@@ -73,13 +73,7 @@ TEST_CASE("clusters: wide rows split over a cluster match float64 (RMSNorm, Laye
             CAPTURE(seed);
             const auto configs = cluster_configs(op, d, dev.max_cluster);
             Scratch s(op, d, seed);
-            HostTensors in;
-            for (const auto& ts : s.specs)
-              if (!ts.output) {
-                const auto f = s.download(ts.name);
-                in[ts.name].assign(f.begin(), f.end());
-              }
-            const HostTensors ref = op == Op::Forward ? forward_reference(d, in) : backward_reference(d, in);
+            const HostTensors ref = reference_outputs(op, d, s);
             auto fin = jit.get(finalize_spec(d), dev.arch());
             for (const auto& cfg : configs) {
               CAPTURE(cfg.str());
@@ -93,16 +87,9 @@ TEST_CASE("clusters: wide rows split over a cluster match float64 (RMSNorm, Laye
                 s.workspace = DeviceBuffer(std::max<std::size_t>(16, backward_workspace_bytes(g, d)));
                 launch_backward(*k, *fin, d, s.backward_tensors(), g, nullptr);
               }
-              NJ_CU(cuCtxSynchronize());
-              for (const auto& ts : s.specs) {
-                if (!ts.output) continue;
-                CAPTURE(ts.name);
-                const auto got = s.download(ts.name);
-                const auto& r = ref.at(ts.name);
-                const double err = ts.name == "dx"     ? scaled_error(got, r, ref.at("dx_scale"))
-                                   : ts.name == "mean" ? scaled_error(got, r, ref.at("mean_scale"))
-                                                       : relative_error(got, r);
-                CHECK(err <= tolerance(ts.dtype));
+              for (const auto& c : compare_outputs(s, ref)) {
+                CAPTURE(c.name);
+                CHECK(c.err <= c.tol);
               }
               ++runs;
               clustered += cfg.cluster > 1;
