@@ -54,7 +54,7 @@ if _TOOLS not in sys.path:
 import compare_report as report  # noqa: E402 - standard library only
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_JSON = ROOT / "docs" / "results" / "compare.json"
+DEFAULT_JSON = report.DEFAULT_JSON
 
 IMPLS = report.IMPLS
 DIRECTIONS = report.DIRECTIONS

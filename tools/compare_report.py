@@ -250,16 +250,23 @@ def write_text(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+def load_results(path: str, prog: str) -> dict | None:
+    """The JSON document at `path`, or None after saying on stderr why it cannot be read."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as exc:
+        print(f"{prog}: cannot read {path}: {exc}", file=sys.stderr)
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Render the markdown report of a tools/compare.py JSON.")
     p.add_argument("json", nargs="?", default=str(DEFAULT_JSON), help="results (default: docs/results/compare.json)")
     p.add_argument("--markdown", metavar="PATH", default=None, help="write here instead of printing")
     args = p.parse_args(argv)
-    try:
-        with open(args.json) as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as exc:
-        print(f"compare_report.py: cannot read {args.json}: {exc}", file=sys.stderr)
+    doc = load_results(args.json, "compare_report.py")
+    if doc is None:
         return 2
     for r in doc.get("rows", []):
         annotate(r)

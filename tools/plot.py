@@ -15,17 +15,15 @@ correctness check are drawn hollow. Needs matplotlib, not a GPU.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 _TOOLS = str(Path(__file__).resolve().parent)
 if _TOOLS not in sys.path:
     sys.path.insert(0, _TOOLS)
-from compare_report import DIRECTIONS, IMPL_TITLES, implementations  # noqa: E402 - standard library only
+from compare_report import DEFAULT_JSON, DIRECTIONS, IMPL_TITLES, implementations, load_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_JSON = ROOT / "docs" / "results" / "compare.json"
 DEFAULT_PNG = ROOT / "docs" / "results" / "compare.png"
 
 NORM_TITLES = {"rms": "RMSNorm", "ln": "LayerNorm"}
@@ -143,11 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         print(f"plot.py: matplotlib is required ({exc}).", file=sys.stderr)
         return 3
-    try:
-        with open(args.json) as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as exc:
-        print(f"plot.py: cannot read {args.json}: {exc}", file=sys.stderr)
+    doc = load_results(args.json, "plot.py")
+    if doc is None:
         return 2
     n = plot(doc, Path(args.out), args.metric)
     if n == 0:
