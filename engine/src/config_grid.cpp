@@ -54,8 +54,7 @@ struct Share {
 };
 Share thread_share(Op op, const NormDesc& d, const LaunchConfig& c) {
   // A cluster's CTA holds its slice of the row.
-  const std::int64_t slice_chunks = ceil_div(ceil_div(d.N, c.vec), std::max(1, c.cluster));
-  const std::int64_t per_thread = ceil_div(slice_chunks, c.threads_per_row) * c.vec;
+  const std::int64_t per_thread = ceil_div(slice_columns(d.N, c) / c.vec, c.threads_per_row) * c.vec;
   const int full_block = c.threads() == 1024 ? 2 : 1;
   // Forward rows are cached as h_t (x's dtype, or the residual sum's).
   const bool regs = op == Op::Forward
@@ -228,7 +227,6 @@ LaunchConfig fit_alignment(const LaunchConfig& cfg, Op op, const NormDesc& d,
     // the stages are gone: read the row twice instead, which fits any row.
     const std::int64_t chunks = ceil_div(d.N, c.vec);
     c.cluster = 1;
-    c.stages = 0;
     c.rows_per_pid = 1;
     c.two_pass = true;
     c.threads_per_row = static_cast<int>(std::clamp<std::int64_t>(next_pow2(chunks), 32, 1024));

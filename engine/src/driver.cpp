@@ -119,7 +119,7 @@ DeviceInfo device_info(CUdevice dev) {
   d.max_smem_per_block_optin = attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
   d.max_regs_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR);
   d.max_threads_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR);
-  d.max_cluster = d.cc_major >= 9 && attr(CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH) ? kMaxCluster : 1;
+  d.max_cluster = attr(CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH) ? max_cluster_of_arch(d.cc_major * 10 + d.cc_minor) : 1;
   return d;
 }
 

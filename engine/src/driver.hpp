@@ -70,6 +70,10 @@ struct DeviceInfo {
 };
 DeviceInfo device_info(CUdevice dev);
 
+/// The largest thread-block cluster of an architecture (sm_XY as XY, e.g.
+/// 90): kMaxCluster from Hopper on, 1 (no clusters) before.
+inline int max_cluster_of_arch(int sm) { return sm >= 90 ? kMaxCluster : 1; }
+
 /// Owns a device allocation.
 class DeviceBuffer {
  public:

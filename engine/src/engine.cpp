@@ -332,8 +332,7 @@ int Engine::precompile(Op op, const NormDesc& d, const std::string& arch, std::v
     throw Error(ErrorKind::InvalidArgument, fmt::format("arch = '{}' is not of the form sm_XY (e.g. sm_90)", arch));
   std::vector<KernelSpec> specs;
   std::set<std::string> seen;  // configs differing only in launch parameters share a cubin
-  // Clusters exist from sm_90 on.
-  const int max_cluster = std::atoi(arch.c_str() + 3) >= 90 ? kMaxCluster : 1;
+  const int max_cluster = max_cluster_of_arch(std::atoi(arch.c_str() + 3));
   for (const auto& c : candidate_grid(op, d, max_cluster))
     if (KernelSpec s = make_spec(op, d, c); seen.insert(s.name()).second) specs.push_back(s);
   if (op == Op::Backward) specs.push_back(finalize_spec(d));
