@@ -94,10 +94,11 @@ TEST_CASE("c_api: status names, one per ErrorKind, and config source names") {
   }
   CHECK(std::string(normjit_status_name(9)) == "NORMJIT_UNKNOWN_STATUS");
   CHECK(std::string(normjit_status_name(-1)) == "NORMJIT_UNKNOWN_STATUS");
-  for (int s = 0; s <= 4; ++s)
+  for (int s = 0; s <= 5; ++s)
     CHECK(std::string(normjit_config_source_name(s)) ==
           normjit::config_source_name(static_cast<normjit::ConfigSource>(s)));
-  CHECK(std::string(normjit_config_source_name(5)) == "unknown");
+  CHECK(std::string(normjit_config_source_name(5)) == "neighbour");
+  CHECK(std::string(normjit_config_source_name(6)) == "unknown");
 }
 
 TEST_CASE("c_api: normjit_norm_desc_init equals NormDesc{}") {

@@ -1,12 +1,12 @@
 // The tuned caches shipped in autotune_cache/ must be usable: they parse, and
-// they were tuned for the kernel sources in this tree (a stale file would be
-// ignored at run time, silently shipping nothing). After a kernel change,
-// re-tune on the GPU (tools/main.sh) and copy the new file in, or remove it.
+// every entry was tuned for the kernel it names as the tree now builds it
+// (a stale entry is skipped at run time, silently shipping nothing for its
+// shape). After a kernel change, re-tune the stale entries on the GPU
+// (tools/tune_grid.sh) and copy the new files in.
 #include <doctest/doctest.h>
 
 #include <filesystem>
 
-#include "kernel_sources.hpp"
 #include "tuned_cache.hpp"
 
 using namespace normjit;
@@ -18,15 +18,16 @@ TEST_CASE("shipped tuned caches parse and match the current kernel sources") {
   CHECK(warnings.empty());
   for (const auto& f : files) {
     CAPTURE(f.path);
-    CHECK_MESSAGE(f.metadata.kernel_source_hash == kernel_source_hash(),
-                  "stale: tuned for kernel sources " << f.metadata.kernel_source_hash << ", the tree has "
-                                                     << kernel_source_hash());
+    std::size_t stale = 0;
     CHECK(f.path.find(f.device.slug()) != std::string::npos);  // named after its device
     CHECK(!f.entries.empty());
     for (const auto& [key, e] : f.entries) {
       CAPTURE(key);
       CHECK(e.winner_us > 0);
       CHECK(!e.candidates.empty());
+      const std::string why = entry_staleness(key, e);
+      if (!why.empty() && stale++ < 5) MESSAGE("stale: " << key << ": " << why);
     }
+    CHECK_MESSAGE(stale == 0, stale << " of " << f.entries.size() << " entries of " << f.path << " are stale");
   }
 }

@@ -82,9 +82,17 @@ CacheMetadata meta(const std::string& hash = kHash) { return {"0.1.0", hash, "13
 
 std::string slug_file(const TempDir& dir) { return dir.file(h100().slug() + ".json"); }
 
+// Entries of these tests are current when tuned for kHash (the real rule,
+// entry_staleness, is tested with real kernel specs below).
+std::string by_hash(const std::string&, const TunedEntry& e) {
+  return e.kernel_hash == kHash ? "" : "kernel changed (source hash " + e.kernel_hash + ")";
+}
+
 // An entry with a winner, a slower candidate and a rejected one.
-TunedEntry make_entry(const std::string& winner, double us) {
+TunedEntry make_entry(const std::string& winner, double us, const std::string& hash = kHash) {
   TunedEntry e;
+  e.shape = "rms:bf16:1024x64";
+  e.kernel_hash = hash;
   e.winner = LaunchConfig::parse(winner);
   e.winner_us = us;
   e.tuned_at = "2026-11-21T06:00:00Z";
@@ -95,6 +103,8 @@ TunedEntry make_entry(const std::string& winner, double us) {
 }
 
 void check_same(const TunedEntry& got, const TunedEntry& want) {
+  CHECK(got.shape == want.shape);
+  CHECK(got.kernel_hash == want.kernel_hash);
   CHECK(got.winner == want.winner);
   CHECK(got.winner_us == want.winner_us);
   CHECK(got.tuned_at == want.tuned_at);
@@ -230,7 +240,7 @@ TEST_CASE("tuned_cache: missing file is silently absent") {
   Warnings w;
   CHECK_FALSE(read_tuned_cache_file(dir.file("nope.json"), w.fn()));
   CHECK(w.lines().empty());
-  TunedCache cache(dir.file("no/such/dir"), {dir.file("neither")}, h100(), meta(), w.fn());
+  TunedCache cache(dir.file("no/such/dir"), {dir.file("neither")}, h100(), meta(), w.fn(), by_hash);
   CHECK_FALSE(cache.lookup(key_n(1)));
   CHECK(w.lines().empty());
 }
@@ -250,12 +260,13 @@ TEST_CASE("tuned_cache: merge keeps, overwrites and drops entries") {
   check_same(f->entries.at("B"), b2);
   check_same(f->entries.at("C"), c);
 
-  // Other kernel sources: the old entries are stale and dropped.
+  // Other kernel sources: entries are kept (each is checked on lookup by its
+  // own kernel hash), the file records the new sources.
   merge_into_tuned_cache_file(path, h100(), meta(kOtherHash), {{"D", a}});
   f = read_tuned_cache_file(path, w.fn());
   REQUIRE(f);
   CHECK(f->metadata.kernel_source_hash == kOtherHash);
-  REQUIRE(f->entries.size() == 1);
+  REQUIRE(f->entries.size() == 4);
   CHECK(f->entries.count("D") == 1);
 
   // Another device: dropped as well.
@@ -336,7 +347,7 @@ TEST_CASE("tuned_cache: bad files are ignored with one warning and rebuilt by st
 
     // The lookup chain reads the file once and warns once.
     Warnings cw;
-    TunedCache cache(dir.str(), {}, h100(), meta(), cw.fn());
+    TunedCache cache(dir.str(), {}, h100(), meta(), cw.fn(), by_hash);
     CHECK_FALSE(cache.lookup(key_n(1)));
     CHECK_FALSE(cache.lookup(key_n(2)));
     CHECK(cw.lines().size() == 1);
@@ -379,7 +390,8 @@ TEST_CASE("tuned_cache: list_tuned_cache_files reads *.json files in name order"
 TEST_CASE("tuned_cache: lookup order is memory, user, shipped; mismatched files are ignored") {
   TempDir user, stale, other_gpu, shipped;
   const std::string k1 = key_n(1), k2 = key_n(2), k3 = key_n(3);
-  merge_into_tuned_cache_file(slug_file(stale), h100(), meta(kOtherHash), {{k1, make_entry("v1.t32.r1", 50)}});
+  merge_into_tuned_cache_file(slug_file(stale), h100(), meta(kOtherHash),
+                              {{k1, make_entry("v1.t32.r1", 50, kOtherHash)}, {k3, make_entry("v1.t32.r1", 50, kOtherHash)}});
   // Named for our device, but written for another.
   merge_into_tuned_cache_file(slug_file(other_gpu), a100(), meta(), {{k1, make_entry("v2.t32.r1", 40)}});
   merge_into_tuned_cache_file(slug_file(shipped), h100(), meta(),
@@ -387,7 +399,7 @@ TEST_CASE("tuned_cache: lookup order is memory, user, shipped; mismatched files 
   merge_into_tuned_cache_file(slug_file(user), h100(), meta(), {{k2, make_entry("v4.t512.r1", 15)}});
 
   Warnings w;
-  TunedCache cache(user.str(), {stale.str(), other_gpu.str(), shipped.str()}, h100(), meta(), w.fn());
+  TunedCache cache(user.str(), {stale.str(), other_gpu.str(), shipped.str()}, h100(), meta(), w.fn(), by_hash);
   CHECK(cache.user_file() == slug_file(user));
 
   ConfigSource src = ConfigSource::Heuristic;
@@ -398,7 +410,7 @@ TEST_CASE("tuned_cache: lookup order is memory, user, shipped; mismatched files 
   auto lines = w.lines();
   REQUIRE(lines.size() == 2);
   CHECK(contains(lines[0], slug_file(stale)));
-  CHECK(contains(lines[0], "other kernel sources"));
+  CHECK(contains(lines[0], "2 of 2 entries are stale"));
   CHECK(contains(lines[0], kOtherHash));
   CHECK(contains(lines[1], slug_file(other_gpu)));
   CHECK(contains(lines[1], a100().key()));
@@ -422,7 +434,7 @@ TEST_CASE("tuned_cache: lookup order is memory, user, shipped; mismatched files 
 
   // A new process (here: a new cache) finds the stored entry in the user file.
   Warnings w2;
-  TunedCache again(user.str(), {shipped.str()}, h100(), meta(), w2.fn());
+  TunedCache again(user.str(), {shipped.str()}, h100(), meta(), w2.fn(), by_hash);
   e = again.lookup(k2, &src);
   REQUIRE(e);
   CHECK(src == ConfigSource::UserCache);
@@ -479,7 +491,7 @@ TEST_CASE("tuned_cache: concurrent stores from threads through one TunedCache") 
   TempDir dir;
   constexpr int kThreads = 8, kKeys = 25;
   Warnings w;
-  TunedCache cache(dir.str(), {}, h100(), meta(), w.fn());
+  TunedCache cache(dir.str(), {}, h100(), meta(), w.fn(), by_hash);
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t)
@@ -498,7 +510,7 @@ TEST_CASE("tuned_cache: concurrent stores from threads through one TunedCache") 
   CHECK(failures == 0);
   CHECK(w.lines().empty());
 
-  TunedCache reader(dir.str(), {}, h100(), meta(), w.fn());
+  TunedCache reader(dir.str(), {}, h100(), meta(), w.fn(), by_hash);
   for (int n = 0; n < kThreads * kKeys; ++n) {
     CAPTURE(n);
     ConfigSource src = ConfigSource::Heuristic;
@@ -560,4 +572,48 @@ TEST_CASE("tuned_cache: a failed write throws a Cache error and leaves no temp f
   CHECK(threw);
   CHECK(fs::is_directory(path + "/inside"));
   CHECK(temp_files_in(dir) == 0);
+}
+
+TEST_CASE("tuned_cache: nearest finds the closest tuned shape of the variant, fp16 and bf16 alike") {
+  TempDir shipped;
+  auto key = [](const char* dtype, std::int64_t N, std::int64_t M) {
+    NormDesc d;
+    d.x_dtype = d.y_dtype = d.weight_dtype = parse_dtype(dtype);
+    d.N = N;
+    d.M = M;
+    return shape_key(Op::Forward, d);
+  };
+  merge_into_tuned_cache_file(slug_file(shipped), h100(), meta(),
+                              {{key("bf16", 4096, 1024), make_entry("v8.t512.r1", 10)},
+                               {key("bf16", 8192, 1), make_entry("v8.t256.r1.c4", 3)},
+                               {key("bf16", 4096, 1), make_entry("v8.t128.r1.c2", 2)},
+                               {key("fp32", 5000, 512), make_entry("v4.t1024.r1", 11)}});
+  Warnings w;
+  TunedCache cache(shipped.str(), {}, h100(), meta(), w.fn(), by_hash);
+  auto all = [](const std::string&, const TunedEntry&) { return true; };
+  std::string from;
+  ConfigSource src{};
+  auto e = cache.nearest(key("bf16", 5000, 512), all, &from, &src);
+  REQUIRE(e);
+  CHECK(from == key("bf16", 4096, 1024));  // the fp32 entry of the same N is another variant
+  CHECK(src == ConfigSource::UserCache);
+  e = cache.nearest(key("bf16", 7000, 1), all, &from);
+  REQUIRE(e);
+  CHECK(from == key("bf16", 8192, 1));
+  // The nearest entry refused: the next one.
+  e = cache.nearest(key("bf16", 7000, 1), [&](const std::string& k, const TunedEntry&) { return k != key("bf16", 8192, 1); }, &from);
+  REQUIRE(e);
+  CHECK(from == key("bf16", 4096, 1));
+  // fp16 has no entry of its own: bf16's.
+  e = cache.nearest(key("fp16", 4000, 1000), all, &from);
+  REQUIRE(e);
+  CHECK(from == key("bf16", 4096, 1024));
+  // No entry of a compatible variant: none.
+  NormDesc ln;
+  ln.norm = NormKind::LayerNorm;
+  ln.N = 4096;
+  ln.M = 1024;
+  CHECK_FALSE(cache.nearest(shape_key(Op::Forward, ln), all));
+  CHECK_FALSE(cache.nearest("not a key", all));
+  CHECK(w.lines().empty());
 }

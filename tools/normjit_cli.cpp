@@ -1,6 +1,8 @@
 // normjit: tune, benchmark, precompile and inspect normjit kernels.
 //
-//   normjit tune    --model config.json | --shape rms:bf16:8192x4096 ...
+//   normjit tune    --model config.json | --shape rms:bf16:8192x4096 ... [--vs-untuned --json out.json]
+//   normjit tune    --grid autotune_cache/grid/grid.json [--list] [--max-seconds S]
+//   normjit explain --shape rms:bf16:8192x4096 ...
 //   normjit bench   --model config.json | --shape ... [--json out.json]
 //   normjit compile --arch sm_90 --model config.json | --shape ...
 //   normjit cache   list | show | clear
@@ -9,6 +11,7 @@
 // Exit codes: 0 ok, 1 error, 2 bad command line, 3 no GPU (for tune/bench).
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -19,11 +22,14 @@
 #include <nlohmann/json.hpp>
 
 #include "autotune.hpp"
+#include "config_grid.hpp"
+#include "grid.hpp"
 #include "check.hpp"
 #include "driver.hpp"
 #include "host_dtype.hpp"
 #include "kernel_sources.hpp"
 #include "nvrtc.hpp"
+#include "ops.hpp"
 #include "reference.hpp"
 #include "shapes.hpp"
 #include "specialization.hpp"
@@ -84,24 +90,195 @@ std::string fmt_bytes(double b) {
 
 // ---- tune -------------------------------------------------------------------
 
-int cmd_tune(Engine& engine, const ShapeOptions& so) {
+// Medians of each config on `d`, timed in rounds that alternate between the
+// configs (so a drift in clocks or temperature reaches both alike).
+std::vector<double> time_configs(Op op, const NormDesc& d, const std::vector<LaunchConfig>& cfgs, KernelCache& jit,
+                                 int rounds = 5, int reps = 15) {
+  const DeviceInfo dev = device_info(current_device());
+  const DeviceBuffer flush = make_flush_buffer(dev);
+  Scratch s(op, d, 0x71e0000u + d.N);
+  std::vector<std::shared_ptr<const LoadedKernel>> ks;
+  for (const auto& c : cfgs) ks.push_back(jit.get(make_spec(op, d, c), dev.arch()));
+  const auto fin = op == Op::Backward ? jit.get(finalize_spec(d), dev.arch()) : nullptr;
+  std::size_t ws = 0;
+  for (std::size_t i = 0; i < cfgs.size(); ++i)
+    if (op == Op::Backward) ws = std::max(ws, backward_workspace_bytes(backward_geometry(*ks[i], d, cfgs[i], dev.sm_count), d));
+  if (ws) s.workspace = DeviceBuffer(ws);
+  std::vector<std::vector<double>> t(cfgs.size());
+  for (int r = 0; r < rounds; ++r)
+    for (std::size_t i = 0; i < cfgs.size(); ++i)
+      t[i].push_back(median_us(
+          [&](CUstream st) {
+            if (op == Op::Forward)
+              launch_forward(*ks[i], d, s.forward_tensors(), dev.sm_count, st);
+            else
+              launch_backward(*ks[i], *fin, d, s.backward_tensors(), backward_geometry(*ks[i], d, cfgs[i], dev.sm_count), st);
+          },
+          flush, reps));
+  std::vector<double> med;
+  for (auto& v : t) {
+    std::sort(v.begin(), v.end());
+    med.push_back(v[v.size() / 2]);
+  }
+  return med;
+}
+
+int cmd_tune(Engine& engine, const ShapeOptions& so, bool vs_untuned, const std::string& json_path) {
   const auto shapes = resolve_shapes(so);
   if (!require_gpu("tuning")) return kExitNoGpu;
   const auto ops = ops_of(so.op);
   const int total = static_cast<int>(shapes.size() * ops.size());
+  KernelCache jit(engine.cache_dir() + "/kernels");
+  nlohmann::json rows = nlohmann::json::array();
   int i = 0;
   for (const auto& s : shapes)
     for (Op op : ops) {
       ++i;
       fmt::print("[{}/{}] {} {} {}\n", i, total, op_label(op, s.desc.norm), s.name, s.desc.str());
       std::fflush(stdout);
+      // What the shape would run were it not tuned: resolved before tuning it.
+      const ConfigExplanation untuned = engine.explain(op, s.desc, /*skip_exact=*/true);
+      const auto t0 = std::chrono::steady_clock::now();
       const TuneResult r = engine.tune(op, s.desc);
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       int passed = 0;
       for (const auto& c : r.candidates) passed += c.median_us > 0;
-      fmt::print("        winner {} {:.2f} us ({} of {} candidates passed)\n", r.winner.str(), r.winner_us, passed,
-                 r.candidates.size());
+      fmt::print("        winner {} {:.2f} us ({} of {} candidates passed, {:.1f} s)\n", r.winner.str(), r.winner_us,
+                 passed, r.candidates.size(), secs);
+      if (!vs_untuned) continue;
+      const auto t = time_configs(op, s.desc, {r.winner, untuned.config}, jit);
+      fmt::print("        untuned: {} {} {:.2f} us vs tuned {:.2f} us: {:.3f}x\n", config_source_name(untuned.source),
+                 untuned.config.str(), t[1], t[0], t[1] / t[0]);
+      rows.push_back({{"shape", s.name}, {"op", op_label(op, s.desc.norm)}, {"key", r.shape_key},
+                      {"tuned", r.winner.str()}, {"tuned_us", t[0]}, {"untuned", untuned.config.str()},
+                      {"untuned_source", config_source_name(untuned.source)}, {"untuned_from", untuned.from_key},
+                      {"untuned_us", t[1]}, {"ratio", t[1] / t[0]}, {"tune_seconds", secs},
+                      {"candidates", r.candidates.size()}});
     }
   fmt::print("tuned configs stored in {}/tuned\n", engine.cache_dir());
+  if (!json_path.empty()) {
+    const DeviceInfo dev = device_info(current_device());
+    nlohmann::json j = {{"gpu", dev.name}, {"sm_count", dev.sm_count}, {"rows", rows}};
+    std::ofstream(json_path) << j.dump(1) << "\n";
+    fmt::print("wrote {}\n", json_path);
+  }
+  return 0;
+}
+
+// Tunes every shape of a grid file by local search, sharing compiled
+// kernels, checks and buffers across the M values of one variant and N, and
+// merging into the user cache every 30 s. Entries already current in the
+// user cache are skipped, so a stopped run resumes.
+int cmd_tune_grid(Engine& engine, const std::string& grid_path, bool list, double max_seconds) {
+  const tools::Grid grid = tools::read_grid(grid_path);
+  if (list) {
+    for (const auto& g : grid.groups)
+      for (auto m : g.Ms) fmt::print("{} {}\n", g.op == Op::Forward ? "fwd" : "bwd", g.spec(m));
+    fmt::print("{} N values, {} groups, {} entries\n", grid.N.size(), grid.groups.size(), grid.entries());
+    return 0;
+  }
+  if (!require_gpu("tuning")) return kExitNoGpu;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  const DeviceInfo dev = device_info(current_device());
+  const DeviceFingerprint fp{dev.name, dev.cc_major, dev.cc_minor, dev.sm_count, dev.l2_bytes};
+  int driver = 0;
+  cu().cuDriverGetVersion(&driver);
+  const CacheMetadata md{NORMJIT_VERSION_STRING, kernel_source_hash(), nvrtc().version, driver};
+  const std::string file = engine.cache_dir() + "/tuned/" + fp.slug() + ".json";
+  std::map<std::string, TunedEntry> done;
+  if (auto f = read_tuned_cache_file(file, default_warn); f && f->device.key() == fp.key())
+    for (auto& [k, e] : f->entries)
+      if (entry_staleness(k, e).empty()) done.emplace(k, std::move(e));
+  std::map<std::string, TunedEntry> pending;
+  auto last_merge = elapsed();
+  auto flush_pending = [&] {
+    if (pending.empty()) return;
+    merge_into_tuned_cache_file(file, fp, md, pending, 60000);
+    pending.clear();
+    last_merge = elapsed();
+  };
+  KernelCache jit(engine.cache_dir() + "/kernels");
+  std::size_t tuned = 0, skipped = 0, failed = 0, idx = 0;
+  bool stopped = false;
+  for (const auto& g : grid.groups) {
+    if (elapsed() > max_seconds) {
+      stopped = true;
+      break;
+    }
+    NormDesc big = parse_shape_spec(g.spec(g.Ms.back())).desc;
+    std::vector<std::int64_t> todo;
+    for (auto m : g.Ms) {
+      NormDesc d = big;
+      d.M = m;
+      if (done.count(shape_key(g.op, d))) ++skipped;
+      else todo.push_back(m);
+    }
+    idx += g.Ms.size();
+    if (todo.empty()) continue;
+    try {
+      const Scratch scratch(g.op, big, 0x5eed0000u + static_cast<std::uint64_t>(big.N));
+      std::set<std::string> checked;
+      std::optional<LaunchConfig> start;
+      for (auto m : todo) {
+        NormDesc d = big;
+        d.M = m;
+        TuneOptions o;
+        o.local = true;
+        o.reps = 10;
+        o.check_elements = std::int64_t{1} << 18;
+        o.checked = &checked;
+        o.scratch = &scratch;
+        if (start && config_valid(g.op, d, *start, nullptr, dev.max_cluster)) o.start = start;
+        TuneResult r = autotune(g.op, d, dev, jit, {}, o);
+        start = r.winner;
+        // The record keeps the eight fastest candidates and every rejection.
+        std::stable_sort(r.candidates.begin(), r.candidates.end(), [](const auto& a, const auto& b) {
+          return (a.median_us > 0 ? a.median_us : 1e30) < (b.median_us > 0 ? b.median_us : 1e30);
+        });
+        std::vector<CandidateTiming> keep;
+        for (const auto& c : r.candidates)
+          if (c.median_us <= 0 || keep.size() < 8) keep.push_back(c);
+        pending[r.shape_key] = TunedEntry{shape_spec(d), tuned_kernel_hash(g.op, d, r.winner), r.winner, r.winner_us,
+                                          utc_now(), keep};
+        ++tuned;
+        fmt::print("[{}/{} {:.0f}s] {} {} -> {} {:.2f} us ({} timed)\n", idx, grid.entries(), elapsed(),
+                   g.op == Op::Forward ? "fwd" : "bwd", g.spec(m), r.winner.str(), r.winner_us, r.candidates.size());
+      }
+    } catch (const Error& e) {
+      ++failed;
+      fmt::print(stderr, "normjit: {} {}: {}\n", g.op == Op::Forward ? "fwd" : "bwd", g.spec(g.Ms.back()), e.what());
+    }
+    std::fflush(stdout);
+    if (elapsed() - last_merge > 30) flush_pending();
+  }
+  flush_pending();
+  fmt::print("grid {}: {} tuned, {} already current, {} groups failed, {:.0f} s{}; stored in {}\n", grid_path, tuned,
+             skipped, failed, elapsed(), stopped ? " (stopped at --max-seconds; run again to resume)" : "", file);
+  return failed ? 1 : 0;
+}
+
+// Where each shape's config comes from, and the candidates' times when known.
+int cmd_explain(Engine& engine, const ShapeOptions& so) {
+  const auto shapes = resolve_shapes(so);
+  if (!require_gpu("explain (the device selects the tuned-cache files)")) return kExitNoGpu;
+  for (const auto& s : shapes)
+    for (Op op : ops_of(so.op)) {
+      const ConfigExplanation x = engine.explain(op, s.desc);
+      fmt::print("{} {}\n  key:     {}\n  config:  {}\n  source:  {}\n  reason:  {}\n", op_label(op, s.desc.norm),
+                 s.name, x.shape_key, x.config.str(), config_source_name(x.source), x.reason);
+      if (!x.from_key.empty() && x.from_key != x.shape_key) fmt::print("  from:    {}\n", x.from_key);
+      if (!x.candidates.empty()) {
+        fmt::print("  candidates of that entry (tuned times, us):\n");
+        auto c = x.candidates;
+        std::stable_sort(c.begin(), c.end(), [](const auto& a, const auto& b) {
+          return (a.median_us > 0 ? a.median_us : 1e30) < (b.median_us > 0 ? b.median_us : 1e30);
+        });
+        for (const auto& t : c)
+          fmt::print("    {:<20} {}\n", t.config.str(),
+                     t.median_us > 0 ? fmt::format("{:9.2f}", t.median_us) : "rejected: " + t.rejected);
+      }
+    }
   return 0;
 }
 
@@ -324,6 +501,22 @@ int main(int argc, char** argv) {
   ShapeOptions tune_o, bench_o, compile_o;
   auto* tune = app.add_subcommand("tune", "Autotune shapes on this GPU and store the winners in the user cache");
   add_shape_options(tune, tune_o);
+  bool vs_untuned = false, grid_list = false;
+  std::string tune_json, grid_path;
+  double max_seconds = 1e9;
+  tune->add_flag("--vs-untuned", vs_untuned,
+                 "Also time the config the shape gets untuned (neighbour or heuristic) against the tuned one");
+  tune->add_option("--json", tune_json, "With --vs-untuned: write the comparison as JSON");
+  tune->add_option("--grid", grid_path, "Tune every shape of a grid file (autotune_cache/grid/grid.json) by local search")
+      ->check(CLI::ExistingFile);
+  tune->add_flag("--list", grid_list, "With --grid: print the grid's shapes and stop (no GPU needed)");
+  tune->add_option("--max-seconds", max_seconds, "With --grid: stop starting new shapes after this long")
+      ->check(CLI::PositiveNumber);
+
+  ShapeOptions explain_o;
+  auto* explain = app.add_subcommand(
+      "explain", "Print the config each shape resolves to, where it comes from (tuned, shipped, neighbour, heuristic) and why");
+  add_shape_options(explain, explain_o);
 
   auto* bench = app.add_subcommand("bench", "Time shapes with their current configs: us, GB/s, SOL% against a device copy");
   add_shape_options(bench, bench_o);
@@ -363,7 +556,9 @@ int main(int argc, char** argv) {
     if (!cache_dir.empty()) opt.cache_dir = cache_dir;
     opt.verbose = verbose || tune->parsed();  // tuning always shows its progress
     Engine engine(opt);
-    if (tune->parsed()) return cmd_tune(engine, tune_o);
+    if (tune->parsed() && !grid_path.empty()) return cmd_tune_grid(engine, grid_path, grid_list, max_seconds);
+    if (tune->parsed()) return cmd_tune(engine, tune_o, vs_untuned, tune_json);
+    if (explain->parsed()) return cmd_explain(engine, explain_o);
     if (bench->parsed()) return cmd_bench(engine, bench_o, json_path, reps, !no_check);
     if (compile->parsed()) return cmd_compile(engine, compile_o, arch);
     if (cache_list->parsed()) return cmd_cache_list(engine);

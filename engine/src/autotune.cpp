@@ -71,20 +71,25 @@ double median_us(const std::function<void(CUstream)>& fn, const DeviceBuffer& fl
 
 DeviceBuffer random_tensor(const TensorSpec& t, float lo, float hi, std::uint64_t seed) {
   const std::size_t n = static_cast<std::size_t>(t.span());
-  std::vector<unsigned char> host(n * dtype_size(t.dtype));
+  const std::size_t es = dtype_size(t.dtype);
+  // 2^20 random values from the host, repeated on the device: filling a
+  // tensor of 10^8 elements on the host would take seconds.
+  const std::size_t fresh = std::min<std::size_t>(n, std::size_t{1} << 20);
+  std::vector<unsigned char> host(fresh * es);
   Random rng(seed);
-  for (std::size_t i = 0; i < n; ++i) store_as(t.dtype, host.data(), i, rng.uniform(lo, hi));
-  DeviceBuffer b(std::max<std::size_t>(host.size(), 16));
+  for (std::size_t i = 0; i < fresh; ++i) store_as(t.dtype, host.data(), i, rng.uniform(lo, hi));
+  DeviceBuffer b(std::max<std::size_t>(n * es, 16));
   if (!host.empty()) NJ_CU(cuMemcpyHtoD(b.get(), host.data(), host.size()));
+  for (std::size_t done = fresh; done < n;) {
+    const std::size_t k = std::min(done, n - done);
+    NJ_CU(cuMemcpyDtoDAsync(b.get() + done * es, b.get(), k * es, nullptr));
+    done += k;
+  }
+  if (fresh < n) NJ_CU(cuCtxSynchronize());
   return b;
 }
 
 namespace {
-
-// Rows of each candidate's outputs compared with the reference config's:
-// about 4M elements (at least 8 rows, at most 4096), so a wide shape's check
-// takes milliseconds, not seconds.
-std::int64_t checked_rows(std::int64_t N) { return std::clamp<std::int64_t>((std::int64_t{1} << 22) / std::max<std::int64_t>(1, N), 8, 4096); }
 
 // Candidate outputs against the reference config's: a few roundings apart at
 // most (reduction order differs between configs); NaN (poison) never passes.
@@ -177,115 +182,281 @@ std::vector<float> Scratch::download(const std::string& name, std::int64_t max_r
   return out;
 }
 
-TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCache& jit,
-                    const ProgressFn& progress) {
-  TuneResult res;
-  res.shape_key = shape_key(op, desc);
-  const std::vector<LaunchConfig> grid = candidate_grid(op, desc, dev.max_cluster);
-  const LaunchConfig ref_cfg = heuristic_config(op, desc, dev.max_cluster);
-  const int total = static_cast<int>(grid.size());
-  auto report = [&](int done, const std::string& text) {
-    if (progress) progress(done, total, text);
+namespace {
+
+// Configs one step apart: one of vec, threads_per_row, rows_per_pid, cluster
+// doubled or halved, or two of them moved in opposite directions (the same
+// block or the same per-thread share), or one of stages, programs_per_sm,
+// two_pass changed with the rest equal.
+bool one_step(const LaunchConfig& a, const LaunchConfig& b) {
+  auto lg = [](int v) {
+    int l = 0;
+    while ((1 << l) < v) ++l;
+    return l;
   };
+  const int dv = lg(a.vec) - lg(b.vec), dt = lg(a.threads_per_row) - lg(b.threads_per_row),
+            dr = lg(a.rows_per_pid) - lg(b.rows_per_pid), dc = lg(a.cluster) - lg(b.cluster);
+  const int moved = (dv != 0) + (dt != 0) + (dr != 0) + (dc != 0);
+  const int dist = std::abs(dv) + std::abs(dt) + std::abs(dr) + std::abs(dc);
+  const int other = (a.stages != b.stages) + (a.programs_per_sm != b.programs_per_sm) + (a.two_pass != b.two_pass);
+  if (other == 0) return moved == 1 ? dist == 1 : moved == 2 && dist == 2 && dv + dt + dr + dc == 0;
+  return other == 1 && moved == 0;
+}
 
-  // 1. Compile every candidate in parallel (NVRTC is thread-safe); the disk
-  //    cache makes a second tuning run skip this.
-  std::vector<std::string> compile_error(grid.size());
-  std::vector<KernelBinary> binaries(grid.size());
-  std::atomic<int> compiled{0};
-  parallel_for(total, [&](int i) {
-    try {
-      // Configs differing only in launch parameters share a cubin.
-      for (int j = 0; j < i; ++j)
-        if (make_spec(op, desc, grid[j]).name() == make_spec(op, desc, grid[i]).name()) return report(++compiled, "");
-      binaries[i] = compile_spec(make_spec(op, desc, grid[i]), dev.arch(), jit.kernel_dir());
-    } catch (const Error& e) {
-      compile_error[i] = e.message();
+// One tuning run: the candidate grid and what is known of each candidate.
+class Tuner {
+ public:
+  Tuner(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCache& jit, const ProgressFn& progress,
+        const TuneOptions& o)
+      : op_(op), d_(desc), dev_(dev), jit_(jit), progress_(progress), o_(o),
+        grid_(candidate_grid(op, desc, dev.max_cluster)), kernels_(grid_.size()), state_(grid_.size()) {
+    res_.shape_key = shape_key(op, desc);
+    for (const auto& c : grid_) res_.candidates.push_back({c, -1, ""});
+    if (o.scratch) {
+      scratch_ = o.scratch;
+    } else {
+      own_ = std::make_unique<Scratch>(op, desc, 0x5eed0000u + static_cast<std::uint64_t>(desc.N));
+      scratch_ = own_.get();
     }
-    report(++compiled, "compiled " + grid[i].str());
-  });
+    for (const auto& t : scratch_->specs)
+      if (t.output) outs_.push_back(&t);
+    if (op == Op::Backward) fin_ = jit.get(finalize_spec(desc), dev.arch());
+  }
 
-  // 2. Load and prune on what the compiler decided: spills, registers.
-  std::vector<std::shared_ptr<const LoadedKernel>> kernels(grid.size());
-  for (int i = 0; i < total; ++i) {
-    CandidateTiming ct{grid[i], -1, compile_error[i]};
+  int size() const { return static_cast<int>(grid_.size()); }
+  int index_of(const LaunchConfig& c) const {
+    return static_cast<int>(std::find(grid_.begin(), grid_.end(), c) - grid_.begin());
+  }
+  const LaunchConfig& config(int i) const { return grid_[i]; }
+  double time_of(int i) const { return res_.candidates[i].median_us; }
+  bool usable(int i) const { return state_[i] == Timed; }
+
+  // Compiles, loads, checks and times the candidates `idx` not seen yet.
+  void evaluate(const std::vector<int>& idx) {
+    std::vector<int> todo;
+    for (int i : idx)
+      if (i >= 0 && i < size() && state_[i] == Unseen && std::find(todo.begin(), todo.end(), i) == todo.end())
+        todo.push_back(i);
+    if (todo.empty()) return;
+    compile(todo);
+    for (int i : todo) load(i);
+    if (!ref_) make_reference();
+    for (int i : todo) {
+      auto& ct = res_.candidates[i];
+      if (!ct.rejected.empty()) continue;
+      check(i);
+      if (!ct.rejected.empty()) {
+        state_[i] = Rejected;
+        continue;
+      }
+      ct.median_us = median_us([&](CUstream st) { run(i, st); }, flush(), o_.reps);
+      state_[i] = Timed;
+      report(fmt::format("timed {} {:.2f} us", ct.config.str(), ct.median_us));
+    }
+  }
+
+  TuneResult finish() {
+    // Configs never evaluated (local search) are left out of the record.
+    TuneResult r = res_;
+    r.candidates.clear();
+    for (int i = 0; i < size(); ++i)
+      if (state_[i] != Unseen) r.candidates.push_back(res_.candidates[i]);
+    const int w = pick_winner(r.candidates);
+    if (w < 0) throw Error(ErrorKind::Tuning, "no candidate passed", op_label(op_, d_.norm), d_.str());
+    r.winner = r.candidates[w].config;
+    r.winner_us = r.candidates[w].median_us;
+    return r;
+  }
+
+ private:
+  enum State { Unseen, Rejected, Timed };
+
+  void report(const std::string& text) {
+    if (progress_) progress_(++done_, size(), text);
+  }
+
+  const DeviceBuffer& flush() {
+    if (!flush_.bytes()) flush_ = make_flush_buffer(dev_);
+    return flush_;
+  }
+
+  void compile(const std::vector<int>& todo) {
+    // Configs differing only in launch parameters share a cubin: compile
+    // each spec once, then hand its binary to every config of it.
+    std::map<std::string, int> first;
+    std::vector<int> unique;
+    for (int i : todo)
+      if (first.emplace(make_spec(op_, d_, grid_[i]).name(), i).second) unique.push_back(i);
+    std::vector<std::string> errors(unique.size());
+    binaries_.resize(grid_.size());
+    parallel_for(static_cast<int>(unique.size()), [&](int t) {
+      const int i = unique[t];
+      try {
+        binaries_[i] = compile_spec(make_spec(op_, d_, grid_[i]), dev_.arch(), jit_.kernel_dir());
+      } catch (const Error& e) {
+        errors[t] = e.message();
+      }
+    });
+    std::map<int, std::string> error_of;
+    for (std::size_t t = 0; t < unique.size(); ++t) error_of[unique[t]] = errors[t];
+    for (int i : todo) {
+      const int f = first.at(make_spec(op_, d_, grid_[i]).name());
+      if (!error_of[f].empty()) res_.candidates[i].rejected = error_of[f];
+      else if (f != i) binaries_[i] = binaries_[f];
+    }
+  }
+
+  // Loads and prunes on what the compiler decided: spills, registers.
+  void load(int i) {
+    auto& ct = res_.candidates[i];
     if (ct.rejected.empty()) {
       try {
-        const KernelBinary* bin = binaries[i].cubin.empty() ? nullptr : &binaries[i];
-        kernels[i] = jit.get(make_spec(op, desc, grid[i]), dev.arch(), bin);
-        const auto& k = *kernels[i];
+        const KernelBinary* bin = binaries_[i].cubin.empty() ? nullptr : &binaries_[i];
+        kernels_[i] = jit_.get(make_spec(op_, d_, grid_[i]), dev_.arch(), bin);
+        const auto& k = *kernels_[i];
         if (k.local_bytes > 0)
           ct.rejected = fmt::format("spills: {} bytes of local memory per thread", k.local_bytes);
-        else if (k.blocks_per_sm < 1 || k.max_threads < grid[i].threads())
-          ct.rejected = fmt::format("cannot launch: {} registers x {} threads", k.num_regs, grid[i].threads());
+        else if (k.blocks_per_sm < 1 || k.max_threads < grid_[i].threads())
+          ct.rejected = fmt::format("cannot launch: {} registers x {} threads", k.num_regs, grid_[i].threads());
       } catch (const Error& e) {
         ct.rejected = e.message();
       }
     }
-    if (!ct.rejected.empty()) kernels[i].reset();
-    res.candidates.push_back(ct);
+    binaries_[i] = KernelBinary{};
+    if (!ct.rejected.empty()) {
+      kernels_[i].reset();
+      state_[i] = Rejected;
+    }
   }
-  const auto fin = op == Op::Backward ? jit.get(finalize_spec(desc), dev.arch()) : nullptr;
 
-  // 3. The reference config's outputs on random data.
-  Scratch s(op, desc, 0x5eed0000u + static_cast<std::uint64_t>(desc.N));
-  std::size_t ws_bytes = 0;
-  for (const auto& k : kernels)
-    if (k && op == Op::Backward)
-      ws_bytes = std::max(ws_bytes, backward_workspace_bytes(backward_geometry(*k, desc, {}, dev.sm_count), desc));
-  if (ws_bytes) s.workspace = DeviceBuffer(ws_bytes);
-  const ForwardTensors ft = s.forward_tensors();
-  const BackwardTensors bt = s.backward_tensors();
-  auto run = [&](int i, CUstream st) {
-    const LoadedKernel& k = *kernels[i];
-    if (op == Op::Forward)
-      launch_forward(k, desc, ft, dev.sm_count, st);
-    else
-      launch_backward(k, *fin, desc, bt, backward_geometry(k, desc, grid[i], dev.sm_count), st);
-  };
-  std::vector<const TensorSpec*> outs;
-  for (const auto& t : s.specs)
-    if (t.output) outs.push_back(&t);
-  auto outputs = [&](int i) {
-    s.poison();
+  void ensure_workspace(const LoadedKernel& k, const LaunchConfig& c) {
+    if (op_ != Op::Backward) return;
+    const std::size_t need = backward_workspace_bytes(backward_geometry(k, d_, c, dev_.sm_count), d_);
+    if (need > ws_.bytes()) ws_ = DeviceBuffer(std::max(need, ws_.bytes() * 2));
+  }
+
+  void run(int i, CUstream st) {
+    const LoadedKernel& k = *kernels_[i];
+    if (op_ == Op::Forward) {
+      launch_forward(k, d_, scratch_->forward_tensors(), dev_.sm_count, st);
+    } else {
+      ensure_workspace(k, grid_[i]);
+      BackwardTensors bt = scratch_->backward_tensors();
+      bt.workspace = ws_.bytes() ? ws_.ptr() : nullptr;
+      bt.workspace_bytes = ws_.bytes();
+      launch_backward(k, *fin_, d_, bt, backward_geometry(k, d_, grid_[i], dev_.sm_count), st);
+    }
+  }
+
+  // Rows are independent, so the first rows (and every vector, dweight
+  // included, which sums all rows) tell a wrong config from a right one.
+  std::vector<std::vector<float>> outputs(int i) {
+    scratch_->poison();
     run(i, nullptr);
+    const std::int64_t rows =
+        std::min<std::int64_t>(d_.M, std::clamp<std::int64_t>(o_.check_elements / std::max<std::int64_t>(1, d_.N), 8, 4096));
     std::vector<std::vector<float>> o;
-    // Rows are independent, so the first rows (and every vector, dweight
-    // included, which sums all rows) tell a wrong config from a right one;
-    // converting every row of a large shape for each candidate would make
-    // tuning it take minutes.
-    for (const TensorSpec* t : outs) o.push_back(s.download(t->name, checked_rows(desc.N)));
+    for (const TensorSpec* t : outs_) {
+      // Per-row statistics are one row of M values: their first `rows`.
+      const bool per_row = t->name == "rstd" || t->name == "mean";
+      o.push_back(scratch_->download(t->name, per_row ? 1 : rows));
+      if (per_row) o.back().resize(static_cast<std::size_t>(rows));
+    }
     return o;
-  };
-  // The reference is the heuristic config, or, when the compiler rejected it
-  // (spills, say), the simplest candidate that survived.
-  int ref_i = static_cast<int>(std::find(grid.begin(), grid.end(), ref_cfg) - grid.begin());
-  if (ref_i == total || !kernels[ref_i])
-    ref_i = static_cast<int>(std::find_if(kernels.begin(), kernels.end(), [](const auto& k) { return k != nullptr; }) -
-                             kernels.begin());
-  if (ref_i == total)
-    throw Error(ErrorKind::Tuning, "no candidate compiled and fits the device", op_label(op, desc.norm), desc.str());
-  const auto ref = outputs(ref_i);
-
-  // 4. Check, then time, every survivor.
-  DeviceBuffer flush = make_flush_buffer(dev);
-  for (int i = 0; i < total; ++i) {
-    auto& ct = res.candidates[i];
-    if (!kernels[i]) continue;
-    const auto got = outputs(i);
-    for (std::size_t j = 0; j < ref.size() && ct.rejected.empty(); ++j)
-      ct.rejected = mismatch(got[j], ref[j], outs[j]->dtype, outs[j]->name);
-    if (!ct.rejected.empty()) continue;
-    ct.median_us = median_us([&](CUstream st) { run(i, st); }, flush);
-    report(i + 1, fmt::format("timed {} {:.2f} us", ct.config.str(), ct.median_us));
   }
 
-  // 5. Fastest, with ties going to the simpler config.
-  const int w = pick_winner(res.candidates);
-  if (w < 0) throw Error(ErrorKind::Tuning, "no candidate passed", op_label(op, desc.norm), desc.str());
-  res.winner = res.candidates[w].config;
-  res.winner_us = res.candidates[w].median_us;
-  return res;
+  // The reference: the start of the search (heuristic or given), or, when the
+  // compiler rejected it, the simplest candidate that survived.
+  void make_reference() {
+    int r = index_of(o_.start ? *o_.start : heuristic_config(op_, d_, dev_.max_cluster));
+    if (r < size() && state_[r] == Unseen) {
+      compile({r});
+      load(r);
+    }
+    if (r == size() || !kernels_[r]) {
+      for (r = 0; r < size(); ++r) {
+        if (state_[r] == Unseen) {
+          compile({r});
+          load(r);
+        }
+        if (kernels_[r]) break;
+      }
+    }
+    if (r == size())
+      throw Error(ErrorKind::Tuning, "no candidate compiled and fits the device", op_label(op_, d_.norm), d_.str());
+    ref_ = std::make_unique<std::vector<std::vector<float>>>(outputs(r));
+    ref_i_ = r;
+  }
+
+  void check(int i) {
+    auto& ct = res_.candidates[i];
+    const std::string name = make_spec(op_, d_, grid_[i]).name() + fmt::format(".p{}", grid_[i].programs_per_sm);
+    if (o_.checked && o_.checked->count(name)) return;
+    if (i != ref_i_) {
+      const auto got = outputs(i);
+      for (std::size_t j = 0; j < ref_->size() && ct.rejected.empty(); ++j)
+        ct.rejected = mismatch(got[j], (*ref_)[j], outs_[j]->dtype, outs_[j]->name);
+    }
+    if (ct.rejected.empty() && o_.checked) o_.checked->insert(name);
+  }
+
+  Op op_;
+  const NormDesc& d_;
+  const DeviceInfo& dev_;
+  KernelCache& jit_;
+  ProgressFn progress_;
+  TuneOptions o_;
+  std::vector<LaunchConfig> grid_;
+  std::vector<KernelBinary> binaries_;
+  std::vector<std::shared_ptr<const LoadedKernel>> kernels_;
+  std::vector<State> state_;
+  std::shared_ptr<const LoadedKernel> fin_;
+  std::unique_ptr<Scratch> own_;
+  const Scratch* scratch_ = nullptr;
+  std::vector<const TensorSpec*> outs_;
+  DeviceBuffer flush_, ws_;
+  std::unique_ptr<std::vector<std::vector<float>>> ref_;
+  int ref_i_ = -1;
+  TuneResult res_;
+  int done_ = 0;
+};
+
+}  // namespace
+
+TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCache& jit,
+                    const ProgressFn& progress, const TuneOptions& opt) {
+  Tuner t(op, desc, dev, jit, progress, opt);
+  if (!opt.local) {
+    std::vector<int> all(t.size());
+    for (int i = 0; i < t.size(); ++i) all[i] = i;
+    t.evaluate(all);
+    return t.finish();
+  }
+  // Local search: from the start, move to the fastest one-step neighbour
+  // while it beats the current config by more than 1%.
+  int cur = t.index_of(opt.start ? *opt.start : heuristic_config(op, desc, dev.max_cluster));
+  std::vector<int> first = {cur, t.index_of(heuristic_config(op, desc, dev.max_cluster))};
+  t.evaluate(first);
+  if (cur == t.size() || !t.usable(cur)) cur = first[1] < t.size() && t.usable(first[1]) ? first[1] : -1;
+  if (cur < 0) {
+    // Neither start survived: fall back to the whole grid.
+    std::vector<int> all(t.size());
+    for (int i = 0; i < t.size(); ++i) all[i] = i;
+    t.evaluate(all);
+    return t.finish();
+  }
+  for (int step = 0; step < 12; ++step) {
+    std::vector<int> near;
+    for (int i = 0; i < t.size(); ++i)
+      if (one_step(t.config(cur), t.config(i))) near.push_back(i);
+    t.evaluate(near);
+    int best = cur;
+    for (int i : near)
+      if (t.usable(i) && t.time_of(i) < t.time_of(best)) best = i;
+    if (best == cur || t.time_of(best) > t.time_of(cur) * 0.99) break;
+    cur = best;
+  }
+  return t.finish();
 }
 
 }  // namespace normjit::detail

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -48,6 +50,26 @@ DeviceBuffer random_tensor(const TensorSpec& t, float lo, float hi, std::uint64_
 /// Progress callback: (done, total, text).
 using ProgressFn = std::function<void(int, int, const std::string&)>;
 
+/// How autotune searches.
+struct TuneOptions {
+  /// false: time the whole candidate grid. true: local search: start from
+  /// `start` (default: the heuristic config) and move to the fastest config
+  /// one step away (one_step in autotune.cpp) while it is >1% faster; compiles
+  /// and times a tenth of the grid or less (the grid sweep of tools/tune_grid.sh).
+  bool local = false;
+  std::optional<LaunchConfig> start;
+  int reps = 25;  ///< timed repetitions per candidate (median)
+  /// Elements of each output compared with the reference config's (rows of
+  /// at least 8 and at most 4096): a wide shape's check takes milliseconds.
+  std::int64_t check_elements = std::int64_t{1} << 22;
+  /// Kernels (spec name and programs per SM) already checked on this variant
+  /// and N at another M: not checked again. Filled as candidates pass.
+  std::set<std::string>* checked = nullptr;
+  /// Buffers of the same variant and N with at least desc.M rows (contiguous
+  /// rows); default: fresh ones.
+  const Scratch* scratch = nullptr;
+};
+
 /// Tunes `op` on `desc`: compiles the grid in parallel, drops candidates that
 /// fail to compile, would spill or cannot launch, checks each survivor's
 /// outputs against the heuristic config's (the simplest survivor's when the
@@ -55,7 +77,7 @@ using ProgressFn = std::function<void(int, int, const std::string&)>;
 /// picks the fastest; a candidate within 2% of the fastest that is simpler
 /// (simplicity_key) wins instead, so repeated tuning gives the same answer.
 TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCache& jit,
-                    const ProgressFn& progress = {});
+                    const ProgressFn& progress = {}, const TuneOptions& options = {});
 
 /// Index of the winner among `candidates` (in grid order, simplest first):
 /// the first whose median is within `tie` (2%) of the fastest. -1 when none

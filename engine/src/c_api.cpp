@@ -36,7 +36,8 @@ static_assert(NORMJIT_SOURCE_MEMORY == static_cast<int>(normjit::ConfigSource::M
               NORMJIT_SOURCE_USER_CACHE == static_cast<int>(normjit::ConfigSource::UserCache) &&
               NORMJIT_SOURCE_SHIPPED_CACHE == static_cast<int>(normjit::ConfigSource::ShippedCache) &&
               NORMJIT_SOURCE_TUNED == static_cast<int>(normjit::ConfigSource::Tuned) &&
-              NORMJIT_SOURCE_HEURISTIC == static_cast<int>(normjit::ConfigSource::Heuristic));
+              NORMJIT_SOURCE_HEURISTIC == static_cast<int>(normjit::ConfigSource::Heuristic) &&
+              NORMJIT_SOURCE_NEIGHBOUR == static_cast<int>(normjit::ConfigSource::Neighbour));
 
 namespace {
 
@@ -253,7 +254,7 @@ const char* normjit_status_name(int status) {
 }
 
 const char* normjit_config_source_name(int source) {
-  if (source < NORMJIT_SOURCE_MEMORY || source > NORMJIT_SOURCE_HEURISTIC) return "unknown";
+  if (source < NORMJIT_SOURCE_MEMORY || source > NORMJIT_SOURCE_NEIGHBOUR) return "unknown";
   return normjit::config_source_name(static_cast<normjit::ConfigSource>(source));
 }
 

@@ -207,6 +207,25 @@ LaunchConfig heuristic_config(Op op, const NormDesc& d, int max_cluster) {
   return *best;
 }
 
+LaunchConfig adapt_config(Op op, const NormDesc& d, LaunchConfig c, int max_cluster) {
+  if (config_valid(op, d, c, nullptr, max_cluster)) return c;
+  const int vmax = max_vec(op, d);
+  LaunchConfig keep_bytes = c, narrow = c;
+  while (keep_bytes.vec > vmax) {
+    keep_bytes.vec /= 2;
+    narrow.vec /= 2;
+    if (keep_bytes.threads() * 2 <= 1024)
+      keep_bytes.threads_per_row *= 2;
+    else if (keep_bytes.rows_per_pid > 1) {
+      keep_bytes.rows_per_pid /= 2;
+      keep_bytes.threads_per_row *= 2;
+    }
+  }
+  if (config_valid(op, d, keep_bytes, nullptr, max_cluster)) return keep_bytes;
+  if (config_valid(op, d, narrow, nullptr, max_cluster)) return narrow;
+  return keep_bytes;
+}
+
 LaunchConfig fit_alignment(const LaunchConfig& cfg, Op op, const NormDesc& d,
                            const std::vector<std::pair<const void*, DType>>& pointers,
                            const std::vector<std::int64_t>& strides) {

@@ -57,6 +57,12 @@ bool config_valid(Op op, const NormDesc& desc, const LaunchConfig& cfg, std::str
 /// The config used when no tuned one exists; always a member of the grid.
 LaunchConfig heuristic_config(Op op, const NormDesc& desc, int max_cluster = 1);
 
+/// `c` (another shape's winner) made to fit `desc`: where desc allows only
+/// narrower vectors, threads per row grow as the vector shrinks (the same
+/// bytes a thread, as far as the block allows). Returns `c` unchanged when
+/// it is already valid; the result may still be invalid (check config_valid).
+LaunchConfig adapt_config(Op op, const NormDesc& desc, LaunchConfig c, int max_cluster);
+
 /// Lowers cfg.vec until every pointer and row stride is aligned to a whole
 /// vector (the vectors are single 4/8/16-byte accesses), and drops cp.async
 /// stages when a chunk becomes narrower than 4 bytes; keeps the rest, unless

@@ -14,6 +14,8 @@
 #include "kernel_sources.hpp"
 #include "nvrtc.hpp"
 #include "ops.hpp"
+#include "shapes.hpp"
+#include "specialization.hpp"
 #include "tuned_cache.hpp"
 
 namespace normjit {
@@ -35,14 +37,6 @@ std::string default_cache_dir() {
   return (std::filesystem::temp_directory_path() / "normjit-cache").string();
 }
 
-std::string utc_now() {
-  std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 // Pointers the descriptor asks for must be there, and only those are used.
 void require(bool ok, const char* what, const char* why, Op op, const NormDesc& d) {
@@ -123,7 +117,8 @@ struct Engine::Impl {
         if (done == total) std::fprintf(stderr, "\n");
       };
     TuneResult r = autotune(op, d, st.info, jit, progress);
-    st.tuned->store(r.shape_key, TunedEntry{r.winner, r.winner_us, utc_now(), r.candidates});
+    st.tuned->store(r.shape_key, TunedEntry{shape_spec(d), tuned_kernel_hash(op, d, r.winner), r.winner, r.winner_us,
+                                            utc_now(), r.candidates});
     st.resolved[r.shape_key] = r.winner;
     return r;
   }
@@ -138,8 +133,53 @@ struct Engine::Impl {
   /// Rethrows `e` (being handled) with op, shape and config attached.
   [[noreturn]] static void attach_context(const Error& e, Op op, const NormDesc& d, const LaunchConfig& cfg);
 
+  // Caller holds mu. Exact entries, then (policy Never) a neighbour's
+  // winner, then the heuristic; never tunes.
+  ConfigExplanation lookup(DeviceState& st, Op op, const NormDesc& d, bool skip_exact) {
+    ConfigExplanation x;
+    x.shape_key = shape_key(op, d);
+    const int mc = st.info.max_cluster;
+    auto take = [&](const TunedEntry& e, ConfigSource s, const std::string& from) {
+      x.config = e.winner;
+      x.source = s;
+      x.from_key = from;
+      x.from_file = config_source_name(s);
+      x.entry_us = e.winner_us;
+      x.candidates = e.candidates;
+    };
+    if (!skip_exact && opt.tune_policy != TunePolicy::Always) {
+      ConfigSource s{};
+      if (auto e = st.tuned->lookup(x.shape_key, &s); e && config_valid(op, d, e->winner, nullptr, mc)) {
+        take(*e, s, x.shape_key);
+        x.reason = fmt::format("tuned for this shape key ({}, {:.2f} us)", x.from_file, e->winner_us);
+        return x;
+      }
+    }
+    if (opt.tune_policy == TunePolicy::Never || skip_exact) {
+      // The neighbour's winner, its vector narrowed to what this shape allows.
+      auto adapt = [&](const LaunchConfig& c) { return adapt_config(op, d, c, mc); };
+      std::string from;
+      ConfigSource s{};
+      auto accept = [&](const std::string& key, const TunedEntry& e) {
+        return !(skip_exact && key == x.shape_key) && config_valid(op, d, adapt(e.winner), nullptr, mc);
+      };
+      if (auto e = st.tuned->nearest(x.shape_key, accept, &from, &s)) {
+        take(*e, ConfigSource::Neighbour, from);
+        x.from_file = config_source_name(s);
+        x.config = adapt(e->winner);
+        x.reason = fmt::format("no tuned entry for this shape; the winner of the nearest tuned shape {} ({})", from,
+                               x.from_file);
+        return x;
+      }
+    }
+    x.config = heuristic_config(op, d, mc);
+    x.source = ConfigSource::Heuristic;
+    x.reason = "no tuned entry for this shape or a shape of its variant; the heuristic config";
+    return x;
+  }
+
   // Caller holds mu. Memory, then caches (unless policy Always), then tuning
-  // (policy permitting), then the heuristic.
+  // (policy permitting), then a neighbour or the heuristic.
   LaunchConfig resolve(DeviceState& st, Op op, const NormDesc& d, ConfigSource* src) {
     const std::string key = shape_key(op, d);
     ConfigSource s = ConfigSource::Memory;
@@ -147,16 +187,14 @@ struct Engine::Impl {
     if (auto it = st.resolved.find(key); it != st.resolved.end()) {
       cfg = it->second;
     } else {
-      std::optional<TunedEntry> e;
-      if (opt.tune_policy != TunePolicy::Always) e = st.tuned->lookup(key, &s);
-      if (e && config_valid(op, d, e->winner, nullptr, st.info.max_cluster)) {
-        cfg = e->winner;
-      } else if (opt.tune_policy != TunePolicy::Never) {
+      ConfigExplanation x = lookup(st, op, d, false);
+      if ((x.source == ConfigSource::UserCache || x.source == ConfigSource::ShippedCache || x.source == ConfigSource::Memory) ||
+          opt.tune_policy == TunePolicy::Never) {
+        cfg = x.config;
+        s = x.source;
+      } else {
         cfg = tune_and_store(st, op, d).winner;
         s = ConfigSource::Tuned;
-      } else {
-        cfg = heuristic_config(op, d, st.info.max_cluster);
-        s = ConfigSource::Heuristic;
       }
       st.resolved[key] = cfg;
     }
@@ -176,6 +214,12 @@ LaunchConfig Engine::config_for(Op op, const NormDesc& d, ConfigSource* source) 
   d.validate();
   std::lock_guard<std::mutex> lk(impl_->mu);
   return impl_->resolve(impl_->state(), op, d, source);
+}
+
+ConfigExplanation Engine::explain(Op op, const NormDesc& d, bool skip_exact) {
+  d.validate();
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->lookup(impl_->state(), op, d, skip_exact);
 }
 
 TuneResult Engine::tune(Op op, const NormDesc& d) {

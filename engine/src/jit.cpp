@@ -23,8 +23,7 @@ namespace fs = std::filesystem;
 
 std::string binary_cache_key(const KernelSpec& spec, const std::string& arch) {
   Hasher h;
-  h.add(kernel_source_hash()).add(spec.source()).add(arch).add(nvrtc().version).add(NORMJIT_VERSION_STRING);
-  for (const auto& o : nvrtc_options()) h.add(o);
+  h.add(spec.source_hash()).add(arch).add(nvrtc().version).add(NORMJIT_VERSION_STRING);
   return h.hex();
 }
 

@@ -1,6 +1,9 @@
 #include "kernel_sources.hpp"
 
 #include <cstdlib>
+#include <mutex>
+#include <set>
+#include <vector>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -58,6 +61,49 @@ const Sources& sources() {
 }  // namespace
 
 const std::map<std::string, std::string>& kernel_sources() { return sources().files; }
+
+namespace {
+// The quoted includes of `text`, in order.
+std::vector<std::string> includes_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    const auto a = line.find_first_not_of(" \t");
+    if (a == std::string::npos || line.compare(a, 8, "#include") != 0) continue;
+    const auto q = line.find('"', a + 8);
+    const auto e = q == std::string::npos ? q : line.find('"', q + 1);
+    if (e != std::string::npos) out.push_back(line.substr(q + 1, e - q - 1));
+  }
+  return out;
+}
+
+void add_closure(const std::string& name, const SourceMap& files, std::set<std::string>& seen, Hasher& h) {
+  if (!seen.insert(name).second) return;
+  const auto it = files.find(name);
+  h.add(name).add(it == files.end() ? std::string_view("<absent>") : std::string_view(it->second));
+  if (it != files.end())
+    for (const auto& inc : includes_of(it->second)) add_closure(inc, files, seen, h);
+}
+}  // namespace
+
+std::string closure_hash(const std::string& text, const SourceMap& files) {
+  const auto compute = [&] {
+    Hasher h;
+    h.add(text);
+    std::set<std::string> seen;
+    for (const auto& inc : includes_of(text)) add_closure(inc, files, seen, h);
+    return h.hex();
+  };
+  if (&files != &kernel_sources()) return compute();
+  // The process's sources never change: memoise by text (a few generated
+  // preludes per shape).
+  static std::mutex mu;
+  static std::map<std::string, std::string> memo;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = memo.find(text);
+  if (it == memo.end()) it = memo.emplace(text, compute()).first;
+  return it->second;
+}
 const std::string& kernel_source_hash() { return sources().hash; }
 const std::string& kernel_sources_origin() { return sources().origin; }
 

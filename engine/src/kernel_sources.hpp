@@ -15,4 +15,12 @@ const std::string& kernel_source_hash();
 /// "embedded" or the directory they were read from.
 const std::string& kernel_sources_origin();
 
+using SourceMap = std::map<std::string, std::string>;
+/// Hash over `text` and every template it includes (`#include "name"`,
+/// transitively, each once): what NVRTC compiles for it, no more. Editing a
+/// template outside the closure leaves the hash unchanged. A name missing
+/// from `files` is hashed as absent. Memoised per template for the
+/// process's own sources.
+std::string closure_hash(const std::string& text, const SourceMap& files = kernel_sources());
+
 }  // namespace normjit::detail

@@ -51,7 +51,11 @@ NamedShape parse_shape_spec(const std::string& text) {
       else if (key == "eps") d.eps = std::stof(val);
       else if (key == "heads") d.heads = num();
       else if (key == "x_stride") d.x_stride = d.dx_stride = num();  // a view: x and dx alike
-      else throw Error(ErrorKind::InvalidArgument, fmt::format("option '{}' is not one of w, y, res, fp32sum, dres, nw, nb, off, cast, eps, heads, x_stride", key));
+      else if (key == "ro") d.residual_out_dtype = parse_dtype(val, "ro");
+      else if (key == "noro") d.store_residual_out = false;
+      else if (key == "norstd") d.store_rstd = false;
+      else if (key == "nomean") d.store_mean = false;
+      else throw Error(ErrorKind::InvalidArgument, fmt::format("option '{}' is not one of w, y, res, fp32sum, dres, nw, nb, off, cast, eps, heads, x_stride, ro, noro, norstd, nomean", key));
     }
     d.validate();
   } catch (const Error& e) {
@@ -59,6 +63,28 @@ NamedShape parse_shape_spec(const std::string& text) {
   } catch (const std::exception&) {
     throw Error(ErrorKind::InvalidArgument, fmt::format("--shape '{}': a number is out of range", text));
   }
+  return s;
+}
+
+std::string shape_spec(const NormDesc& d) {
+  const bool ln = d.norm == NormKind::LayerNorm;
+  std::string s = fmt::format("{}:{}:{}x{}", ln ? "ln" : "rms", dtype_name(d.x_dtype), d.M, d.N);
+  if (d.y_dtype != d.x_dtype) s += fmt::format(":y={}", dtype_name(d.y_dtype));
+  if (d.weight_dtype != d.x_dtype) s += fmt::format(":w={}", dtype_name(d.weight_dtype));
+  if (d.residual) {
+    s += fmt::format(":res={}", dtype_name(d.residual_dtype));
+    if (d.residual_out_dtype != d.residual_dtype) s += fmt::format(":ro={}", dtype_name(d.residual_out_dtype));
+    if (!d.store_residual_out) s += ":noro";
+    if (d.residual_rounding == ResidualRounding::Fp32) s += ":fp32sum";
+  }
+  if (d.has_dresidual) s += ":dres";
+  if (!d.has_weight) s += ":nw";
+  if (ln && !d.has_bias) s += ":nb";
+  if (d.weight_offset != 0.f) s += fmt::format(":off={}", d.weight_offset);
+  if (d.cast_mode != CastMode::Default) s += fmt::format(":cast={}", cast_mode_name(d.cast_mode));
+  if (d.heads > 1) s += fmt::format(":heads={}", d.heads);
+  if (!d.store_rstd) s += ":norstd";
+  if (ln && !d.store_mean) s += ":nomean";
   return s;
 }
 

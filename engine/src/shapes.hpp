@@ -20,10 +20,16 @@ struct NamedShape {
 /// Options: w=<dtype>, y=<dtype>, res[=<dtype>] (fused residual add writing
 /// h), fp32sum, dres, nw (no weight), nb (no bias), off=<weight offset>,
 /// cast=<default|llama|gemma>, eps=<eps>, heads=<H> (3-D rows),
-/// x_stride=<token stride of x and dx>. E.g. "rms:bf16:32768x128:heads=32:x_stride=6144"
+/// x_stride=<token stride of x and dx>, ro=<dtype> (residual_out's dtype,
+/// after res), noro (the residual sum is not written), norstd, nomean. E.g. "rms:bf16:32768x128:heads=32:x_stride=6144"
 /// is QK-norm on a view into a fused QKV projection. Throws
 /// Error(InvalidArgument) naming the text and what is wrong.
 NamedShape parse_shape_spec(const std::string& text);
+
+/// The spec of `desc`'s kernel variant, N and M: parse_shape_spec of it
+/// gives a descriptor with the same variant (Variant::tags), N and M. Strides
+/// and eps are left out (they are not compiled in).
+std::string shape_spec(const NormDesc& desc);
 
 /// The norm shapes of a Hugging Face config.json for each token count: the
 /// hidden norm (tokens x hidden_size: RMSNorm, eps from rms_norm_eps; or, for

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "config_grid.hpp"
+#include "kernel_sources.hpp"
 
 namespace normjit::detail {
 
@@ -153,6 +154,18 @@ KernelSpec make_spec(Op op, const NormDesc& d, const LaunchConfig& cfg) {
                 (d.has_dresidual && needs_index64(d, d.dresidual_ld(), d.N, 1));
   }
   return s;
+}
+
+std::string KernelSpec::source_hash(const SourceMap& files) const {
+  std::string text = source();
+  for (const auto& o : nvrtc_options()) text += "\n// option " + o;
+  return closure_hash(text, files);
+}
+
+std::string tuned_kernel_hash(Op op, const NormDesc& desc, const LaunchConfig& cfg) {
+  KernelSpec s = make_spec(op, desc, cfg);
+  s.index64 = false;
+  return s.source_hash();
 }
 
 KernelSpec finalize_spec(const NormDesc& d) {

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "kernel_sources.hpp"
 #include "normjit/normjit.hpp"
 
 namespace normjit::detail {
@@ -61,6 +62,10 @@ struct KernelSpec {
   /// The generated prelude (a struct Spec of using/constexpr lines) followed
   /// by the #include of the template.
   std::string source() const;
+  /// Hash of what NVRTC compiles for this spec: the prelude, the templates
+  /// it includes (transitively) and the NVRTC options. Keys compiled kernels
+  /// and tells whether a tuned entry still describes its kernel.
+  std::string source_hash(const SourceMap& files = kernel_sources()) const;
   /// Readable unique name, e.g. "rms_fwd.x=bf16.y=bf16.w=bf16.rstd.N4096.v8.t512.r1.i32".
   std::string name() const;
   /// Dynamic shared memory of a launch: the cp.async row stages, and the
@@ -72,6 +77,10 @@ struct KernelSpec {
 
 /// The spec of `op` for `desc` under `cfg`.
 KernelSpec make_spec(Op op, const NormDesc& desc, const LaunchConfig& cfg);
+/// The source hash a tuned entry for `op` on `desc` with winner `cfg`
+/// records: make_spec's, with 32-bit offsets (the entry serves every M of its
+/// bucket, and 64-bit offsets only change the index type).
+std::string tuned_kernel_hash(Op op, const NormDesc& desc, const LaunchConfig& cfg);
 /// The finalize kernel of `desc`'s backward.
 KernelSpec finalize_spec(const NormDesc& desc);
 

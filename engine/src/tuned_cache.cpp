@@ -2,6 +2,8 @@
 // merging, and the memory -> user -> shipped lookup chain.
 #include "tuned_cache.hpp"
 
+#include "config_grid.hpp"
+#include "shapes.hpp"
 #include "specialization.hpp"
 
 #include <fcntl.h>
@@ -13,7 +15,9 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <regex>
 #include <stdexcept>
@@ -79,6 +83,8 @@ LaunchConfig get_config(const json& obj, const std::string& where, const char* n
 TunedEntry parse_entry(const json& e, const std::string& where) {
   if (!e.is_object()) throw SchemaError(where + " is not an object");
   TunedEntry entry;
+  entry.shape = get_string(e, where, "shape");
+  entry.kernel_hash = get_string(e, where, "kernel_hash");
   entry.winner = get_config(e, where, "winner");
   entry.winner_us = get_number(e, where, "winner_us");
   entry.tuned_at = get_string(e, where, "tuned_at");
@@ -156,7 +162,9 @@ json to_json(const DeviceFingerprint& device, const CacheMetadata& metadata,
       if (!c.rejected.empty()) jc["rejected"] = c.rejected;
       candidates.push_back(std::move(jc));
     }
-    out[key] = {{"winner", entry.winner.str()},
+    out[key] = {{"shape", entry.shape},
+                {"kernel_hash", entry.kernel_hash},
+                {"winner", entry.winner.str()},
                 {"winner_us", entry.winner_us},
                 {"tuned_at", entry.tuned_at},
                 {"candidates", std::move(candidates)}};
@@ -340,9 +348,7 @@ void merge_into_tuned_cache_file(const std::string& path, const DeviceFingerprin
   }
   FileLock lock(path + ".lock", lock_timeout_ms);
   std::map<std::string, TunedEntry> merged;
-  if (auto old = read_tuned_cache_file(path, default_warn);
-      old && old->device.key() == device.key() &&
-      old->metadata.kernel_source_hash == metadata.kernel_source_hash)
+  if (auto old = read_tuned_cache_file(path, default_warn); old && old->device.key() == device.key())
     merged = std::move(old->entries);
   for (const auto& [key, entry] : entries) merged[key] = entry;
   // Replacing invalid UTF-8 (e.g. in a compiler log quoted in `rejected`) keeps dump() from throwing.
@@ -350,12 +356,13 @@ void merge_into_tuned_cache_file(const std::string& path, const DeviceFingerprin
 }
 
 TunedCache::TunedCache(std::string user_dir, std::vector<std::string> shipped_dirs, DeviceFingerprint device,
-                       CacheMetadata metadata, WarnFn warn)
+                       CacheMetadata metadata, WarnFn warn, EntryCheck check)
     : user_dir_(std::move(user_dir)),
       shipped_dirs_(std::move(shipped_dirs)),
       device_(std::move(device)),
       metadata_(std::move(metadata)),
       warn_(warn ? std::move(warn) : WarnFn(default_warn)),
+      check_(check ? std::move(check) : EntryCheck(entry_staleness)),
       shipped_(shipped_dirs_.size()) {}
 
 std::string TunedCache::user_file() const { return (fs::path(user_dir_) / (device_.slug() + ".json")).string(); }
@@ -368,12 +375,120 @@ std::map<std::string, TunedEntry> TunedCache::load_matching(const std::string& p
                       device_.key()));
     return {};
   }
-  if (file->metadata.kernel_source_hash != metadata_.kernel_source_hash) {
-    warn_(fmt::format("tuned cache {} was tuned for other kernel sources (hash {}, expected {}); ignoring it",
-                      path, file->metadata.kernel_source_hash, metadata_.kernel_source_hash));
-    return {};
+  std::map<std::string, TunedEntry> usable;
+  std::size_t stale = 0;
+  std::string first;
+  for (auto& [key, e] : file->entries) {
+    const std::string why = check_(key, e);
+    if (why.empty()) {
+      usable.emplace(key, std::move(e));
+    } else if (stale++ == 0) {
+      first = fmt::format("{}: {}", key, why);
+    }
   }
-  return std::move(file->entries);
+  if (stale)
+    warn_(fmt::format("tuned cache {}: {} of {} entries are stale (their kernels changed since tuning) and are "
+                      "skipped until re-tuned; first: {}",
+                      path, stale, file->entries.size(), first));
+  return usable;
+}
+
+void TunedCache::load_all() {
+  if (!user_) user_ = load_matching(user_file());
+  for (std::size_t i = 0; i < shipped_dirs_.size(); ++i)
+    if (!shipped_[i]) shipped_[i] = load_matching((fs::path(shipped_dirs_[i]) / (device_.slug() + ".json")).string());
+}
+
+namespace {
+// "<tags>:N=<N>:M<=<bucket>" -> (tags, N, bucket); nullopt for another form.
+struct KeyParts {
+  std::string tags;
+  std::int64_t N = 0, mb = 0;
+};
+// Tags with every 16-bit float dtype written as bf16.
+std::string same_sizes(std::string tags) {
+  for (std::size_t p; (p = tags.find("fp16")) != std::string::npos;) tags.replace(p, 4, "bf16");
+  return tags;
+}
+
+std::optional<KeyParts> split_key(const std::string& key) {
+  const auto n = key.rfind(":N=");
+  const auto m = key.rfind(":M<=");
+  if (n == std::string::npos || m == std::string::npos || m < n) return std::nullopt;
+  try {
+    return KeyParts{key.substr(0, n), std::stoll(key.substr(n + 3, m - n - 3)), std::stoll(key.substr(m + 4))};
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+}  // namespace
+
+std::optional<TunedEntry> TunedCache::nearest(const std::string& key,
+                                              const std::function<bool(const std::string&, const TunedEntry&)>& accept, std::string* from,
+                                              ConfigSource* source) {
+  const auto want = split_key(key);
+  if (!want) return std::nullopt;
+  std::lock_guard<std::mutex> lock(mu_);
+  load_all();
+  struct Hit {
+    double distance;
+    const std::string* key;
+    const TunedEntry* entry;
+    ConfigSource source;
+  };
+  std::vector<Hit> hits;
+  const auto scan = [&](const std::map<std::string, TunedEntry>& m, ConfigSource src) {
+    for (const auto& [k, e] : m) {
+      const auto p = split_key(k);
+      if (!p || p->N < 1 || p->mb < 1) continue;
+      // fp16 and bf16 move the same bytes: the other one's entry is the
+      // next best, after every entry of the same dtype nearby.
+      double d = 0;
+      if (p->tags != want->tags) {
+        if (same_sizes(p->tags) != same_sizes(want->tags)) continue;
+        d = 1.5;
+      }
+      // A row twice as wide changes the launch shape more than twice the rows.
+      d += 2 * std::fabs(std::log2(double(p->N) / double(want->N))) +
+           std::fabs(std::log2(double(p->mb) / double(std::max<std::int64_t>(1, want->mb))));
+      hits.push_back({d, &k, &e, src});
+    }
+  };
+  scan(memory_, ConfigSource::Memory);
+  scan(*user_, ConfigSource::UserCache);
+  for (const auto& s : shipped_) scan(*s, ConfigSource::ShippedCache);
+  std::stable_sort(hits.begin(), hits.end(), [](const Hit& a, const Hit& b) { return a.distance < b.distance; });
+  for (const Hit& h : hits)
+    if (accept(*h.key, *h.entry)) {
+      if (from) *from = *h.key;
+      if (source) *source = h.source;
+      return *h.entry;
+    }
+  return std::nullopt;
+}
+
+Op shape_key_op(const std::string& key) {
+  const std::string label = key.substr(0, key.find(':'));
+  if (label.size() > 4 && label.compare(label.size() - 4, 4, "_fwd") == 0) return Op::Forward;
+  if (label.size() > 4 && label.compare(label.size() - 4, 4, "_bwd") == 0) return Op::Backward;
+  throw Error(ErrorKind::InvalidArgument, fmt::format("shape key '{}' names neither a forward nor a backward", key));
+}
+
+std::string entry_staleness(const std::string& key, const TunedEntry& entry) {
+  try {
+    const Op op = shape_key_op(key);
+    const NormDesc d = parse_shape_spec(entry.shape).desc;
+    if (shape_key(op, d) != key)
+      return fmt::format("its shape '{}' gives the key {}", entry.shape, shape_key(op, d));
+    if (!config_valid(op, d, entry.winner, nullptr, kMaxCluster))
+      return fmt::format("winner {} is no longer a valid config", entry.winner.str());
+    if (tuned_kernel_hash(op, d, entry.winner) != entry.kernel_hash)
+      return fmt::format("kernel {} changed (source hash {}, tuned as {})", make_spec(op, d, entry.winner).name(),
+                         tuned_kernel_hash(op, d, entry.winner), entry.kernel_hash.empty() ? "none" : entry.kernel_hash);
+  } catch (const Error& e) {
+    return e.message();
+  }
+  return {};
 }
 
 std::optional<TunedEntry> TunedCache::lookup(const std::string& key, ConfigSource* source) {
@@ -403,6 +518,15 @@ void TunedCache::store(const std::string& key, const TunedEntry& entry) {
   // Outside mu_: the merge does I/O and may wait for the file lock, which
   // also serialises concurrent stores.
   merge_into_tuned_cache_file(user_file(), device_, metadata_, {{key, entry}});
+}
+
+std::string utc_now() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
 void default_warn(const std::string& text) {

@@ -3,22 +3,26 @@
 // File: <dir>/<device slug>.json, where <dir> is "<user cache>/tuned" or a
 // shipped directory (autotune_cache/, or one the user adds).
 //   {
-//     "schema_version": 1,
+//     "schema_version": 2,
 //     "device":   {"key": ..., "name": ..., "compute_capability": "9.0",
 //                  "sm_count": 132, "l2_bytes": 52428800},
 //     "metadata": {"engine_version": "0.1.0", "kernel_source_hash": "<32 hex>",
 //                  "nvrtc_version": "13.0", "driver_version": 13000},
-//     "entries":  {"<shape key>": {"winner": "v8.t512.r1", "winner_us": 12.3,
+//     "entries":  {"<shape key>": {"shape": "rms:bf16:8192x4096",
+//                  "kernel_hash": "<32 hex>", "winner": "v8.t512.r1", "winner_us": 12.3,
 //                  "tuned_at": "2026-11-21T06:00:00Z",
 //                  "candidates": [{"config": "v8.t256.r1", "median_us": 13.0},
 //                                 {"config": "v4.t64.r1", "median_us": -1,
 //                                  "rejected": "mismatch ..."}]}}
 //   }
 // What must match for a file's entries to be used (anything else is recorded
-// only): schema_version, device.key, metadata.kernel_source_hash. A file that
-// does not parse, is truncated, has another schema or is for other kernel
-// sources gives one warning per process and is ignored; the next store
-// rebuilds it. Writes are atomic (temp file, fsync, rename, fsync of the
+// only): schema_version and device.key for the file; for each entry, its
+// kernel_hash must equal the source hash of the kernel it describes (the
+// winner's specialisation of `shape`: KernelSpec::source_hash), so an edit to
+// one template leaves the entries of the other kernels valid. A file that
+// does not parse, is truncated or has another schema gives one warning per
+// process and is ignored; the next store rebuilds it. Stale entries are
+// skipped (one warning per file, with their count) until re-tuned. Writes are atomic (temp file, fsync, rename, fsync of the
 // directory) and merged under an advisory lock (<file>.lock) with a timeout.
 #pragma once
 
@@ -35,7 +39,7 @@
 
 namespace normjit::detail {
 
-inline constexpr int kTunedCacheSchemaVersion = 1;
+inline constexpr int kTunedCacheSchemaVersion = 2;
 
 /// Identifies a GPU model and its configuration for tuned configs.
 struct DeviceFingerprint {
@@ -67,11 +71,22 @@ std::int64_t m_bucket(std::int64_t M);
 std::string shape_key(Op op, const NormDesc& desc);
 
 struct TunedEntry {
+  std::string shape;        ///< shape_spec of the tuned descriptor (its variant, N and M)
+  std::string kernel_hash;  ///< tuned_kernel_hash of the winner when tuned
   LaunchConfig winner;
   double winner_us = 0;
   std::string tuned_at;  ///< ISO 8601 UTC
   std::vector<CandidateTiming> candidates;
 };
+
+/// Why the entry stored under `key` no longer describes the current kernel
+/// sources ("" when it does): its shape does not give `key`, or the winner's
+/// kernel now has another source hash (tuned_kernel_hash).
+std::string entry_staleness(const std::string& key, const TunedEntry& entry);
+
+/// Op of a shape key ("rms_fwd:..." is Forward); throws Error(InvalidArgument)
+/// for a key of neither direction.
+Op shape_key_op(const std::string& key);
 
 /// Called with a warning line (no trailing newline). Default: stderr.
 using WarnFn = std::function<void(const std::string&)>;
@@ -93,8 +108,8 @@ std::optional<TunedCacheFile> read_tuned_cache_file(const std::string& path, con
 std::vector<TunedCacheFile> list_tuned_cache_files(const std::string& dir, const WarnFn& warn);
 
 /// Merges `entries` into the file at `path` under its lock: entries already in
-/// a valid file with the same device key and kernel-source hash are kept
-/// unless overwritten; anything else in it is dropped. Atomic. Throws
+/// a valid file with the same device key are kept unless overwritten;
+/// anything else in it is dropped. Atomic. Throws
 /// Error(Cache) when the lock is not taken within `lock_timeout_ms` or the
 /// write fails; the old file is then untouched.
 void merge_into_tuned_cache_file(const std::string& path, const DeviceFingerprint& device,
@@ -102,17 +117,29 @@ void merge_into_tuned_cache_file(const std::string& path, const DeviceFingerprin
                                  const std::map<std::string, TunedEntry>& entries,
                                  int lock_timeout_ms = 10000);
 
+/// Reason an entry may not be used ("" = usable); see entry_staleness.
+using EntryCheck = std::function<std::string(const std::string& key, const TunedEntry&)>;
+
 /// The lookup chain for one device: memory, user cache, shipped caches.
 /// Thread-safe.
 class TunedCache {
  public:
+  /// `check` filters the entries read from files (default: entry_staleness).
   TunedCache(std::string user_dir, std::vector<std::string> shipped_dirs,
-             DeviceFingerprint device, CacheMetadata metadata, WarnFn warn = {});
+             DeviceFingerprint device, CacheMetadata metadata, WarnFn warn = {}, EntryCheck check = {});
 
   /// Looks `key` up in memory, then the user file, then each shipped dir in
   /// order. Files are read once per process (lazily). Entries whose file
   /// fails the match rule are never returned.
   std::optional<TunedEntry> lookup(const std::string& key, ConfigSource* source = nullptr);
+
+  /// The entry nearest to `key` (same variant tags, else the same with fp16
+  /// and bf16 exchanged at a penalty of 1.5) among the usable entries of
+  /// every file, by distance in log2 N (weighted 2) and log2 M bucket,
+  /// for which `accept(key, entry)` holds; the key it was stored under goes to
+  /// `from`. For shapes no file holds.
+  std::optional<TunedEntry> nearest(const std::string& key, const std::function<bool(const std::string&, const TunedEntry&)>& accept,
+                                    std::string* from = nullptr, ConfigSource* source = nullptr);
 
   /// Stores in memory and merges into the user file (atomic, locked).
   void store(const std::string& key, const TunedEntry& entry);
@@ -125,17 +152,23 @@ class TunedCache {
  private:
   // Entries of `path` that pass the match rule (empty if none); warns once.
   std::map<std::string, TunedEntry> load_matching(const std::string& path);
+  // Caller holds mu_: reads every file not read yet.
+  void load_all();
 
   std::string user_dir_;
   std::vector<std::string> shipped_dirs_;
   DeviceFingerprint device_;
   CacheMetadata metadata_;
   WarnFn warn_;
+  EntryCheck check_;
   std::mutex mu_;
   std::map<std::string, TunedEntry> memory_;
   std::optional<std::map<std::string, TunedEntry>> user_;
   std::vector<std::optional<std::map<std::string, TunedEntry>>> shipped_;
 };
+
+/// Now as ISO 8601 UTC ("2026-11-21T06:00:00Z"): TunedEntry::tuned_at.
+std::string utc_now();
 
 /// The default warning sink: "normjit: warning: <text>" on stderr.
 void default_warn(const std::string& text);

@@ -93,6 +93,7 @@ const char* config_source_name(ConfigSource s) {
     case ConfigSource::UserCache: return "user cache";
     case ConfigSource::ShippedCache: return "shipped cache";
     case ConfigSource::Tuned: return "tuned now";
+    case ConfigSource::Neighbour: return "neighbour";
     case ConfigSource::Heuristic: return "heuristic";
   }
   return "?";

@@ -79,7 +79,8 @@ enum normjit_config_source {
   NORMJIT_SOURCE_USER_CACHE = 1,
   NORMJIT_SOURCE_SHIPPED_CACHE = 2,
   NORMJIT_SOURCE_TUNED = 3,
-  NORMJIT_SOURCE_HEURISTIC = 4
+  NORMJIT_SOURCE_HEURISTIC = 4,
+  NORMJIT_SOURCE_NEIGHBOUR = 5 /**< the winner of the nearest tuned shape of the same variant */
 };
 
 /** An engine: compiled kernels, tuned configs and caches. Thread-safe. */

@@ -294,7 +294,10 @@ struct EngineOptions {
 };
 
 /// Where a launch config came from.
-enum class ConfigSource { Memory, UserCache, ShippedCache, Tuned, Heuristic };
+/// Memory: resolved before in this Engine; UserCache / ShippedCache: an exact
+/// tuned entry; Tuned: tuned by this call; Neighbour: the winner of the
+/// nearest tuned shape (same variant); Heuristic: heuristic_config.
+enum class ConfigSource { Memory, UserCache, ShippedCache, Tuned, Heuristic, Neighbour };
 const char* config_source_name(ConfigSource s);
 
 /// One candidate's timing in a tuning run.
@@ -310,6 +313,18 @@ struct TuneResult {
   LaunchConfig winner;
   double winner_us = 0;
   std::vector<CandidateTiming> candidates;
+};
+
+/// What Engine::explain found.
+struct ConfigExplanation {
+  LaunchConfig config;
+  ConfigSource source = ConfigSource::Heuristic;
+  std::string shape_key;  ///< the descriptor's tuned-cache key
+  std::string from_key;   ///< key of the entry used (exact or neighbour); empty for the heuristic
+  std::string from_file;  ///< "user cache" or "shipped cache"
+  std::string reason;     ///< one sentence on why this config
+  double entry_us = 0;    ///< the entry's tuned time, microseconds (0: none)
+  std::vector<CandidateTiming> candidates;  ///< the entry's candidates, when known
 };
 
 class Engine {
@@ -354,6 +369,15 @@ class Engine {
 
   /// The config a call with `desc` would use now, and where it came from.
   LaunchConfig config_for(Op op, const NormDesc& desc, ConfigSource* source = nullptr);
+
+  /// How the config of `op` on `desc` is resolved, step by step: an exact
+  /// tuned entry (user cache, then shipped caches, skipping stale ones), with
+  /// TunePolicy::Never the nearest tuned shape of the same variant whose
+  /// winner is valid here (a neighbour), else heuristic_config. Never tunes.
+  /// `skip_exact` ignores exact entries: what a shape would get were it not
+  /// tuned (the held-out check of tools/heldout.py). Needs a GPU (the
+  /// device's fingerprint selects the cache files).
+  ConfigExplanation explain(Op op, const NormDesc& desc, bool skip_exact = false);
 
   /// Compiles every candidate of `op`'s grid for `desc` for `arch` ("sm_90")
   /// into the on-disk kernel cache; needs NVRTC but no GPU. Returns the number

@@ -1,0 +1,146 @@
+// Tuned entries go stale exactly when the kernel they describe changes: the
+// source hash covers a spec's prelude and the templates it includes, nothing
+// else. Also: shape specs round-trip a descriptor's variant.
+#include <doctest/doctest.h>
+
+#include <random>
+
+#include "config_grid.hpp"
+#include "kernel_sources.hpp"
+#include "shapes.hpp"
+#include "specialization.hpp"
+#include "tuned_cache.hpp"
+
+using namespace normjit;
+using namespace normjit::detail;
+
+namespace {
+KernelSpec spec_of(const char* shape, Op op) {
+  const NormDesc d = parse_shape_spec(shape).desc;
+  return make_spec(op, d, heuristic_config(op, d, 8));
+}
+
+TunedEntry real_entry(const char* shape, Op op) {
+  const NormDesc d = parse_shape_spec(shape).desc;
+  TunedEntry e;
+  e.shape = shape;
+  e.winner = heuristic_config(op, d, 8);
+  e.kernel_hash = tuned_kernel_hash(op, d, e.winner);
+  e.winner_us = 1;
+  return e;
+}
+}  // namespace
+
+TEST_CASE("kernel hash: an edit reaches exactly the kernels that include the edited template") {
+  const KernelSpec fwd = spec_of("rms:bf16:8192x4096", Op::Forward);
+  const KernelSpec bwd = spec_of("rms:bf16:8192x4096", Op::Backward);
+  const KernelSpec fin = finalize_spec(parse_shape_spec("rms:bf16:8192x4096").desc);
+  SourceMap files = kernel_sources();
+  REQUIRE(fwd.source_hash(files) == fwd.source_hash());
+  REQUIRE(files.count("norm_bwd.cuh") == 1);
+  REQUIRE(files.count("common.cuh") == 1);
+
+  SUBCASE("editing the backward template: backward stale, forward and finalize still current") {
+    files["norm_bwd.cuh"] += "\n// an edit\n";
+    CHECK(bwd.source_hash(files) != bwd.source_hash());
+    CHECK(fwd.source_hash(files) == fwd.source_hash());
+    CHECK(fin.source_hash(files) == fin.source_hash());
+  }
+  SUBCASE("editing the forward template: forward stale only") {
+    files["norm_fwd.cuh"] += "\n// an edit\n";
+    CHECK(fwd.source_hash(files) != fwd.source_hash());
+    CHECK(bwd.source_hash(files) == bwd.source_hash());
+  }
+  SUBCASE("a template every kernel includes: all stale") {
+    files["common.cuh"] += "\n// an edit\n";
+    CHECK(fwd.source_hash(files) != fwd.source_hash());
+    CHECK(bwd.source_hash(files) != bwd.source_hash());
+    CHECK(fin.source_hash(files) != fin.source_hash());
+  }
+  SUBCASE("adding a template (a new variant) leaves every hash alone") {
+    files["norm_fp8.cuh"] = "#include \"common.cuh\"\n__global__ void k() {}\n";
+    CHECK(fwd.source_hash(files) == fwd.source_hash());
+    CHECK(bwd.source_hash(files) == bwd.source_hash());
+  }
+  SUBCASE("an include the template gains is followed") {
+    files["extra.cuh"] = "// v1\n";
+    files["norm_fwd.cuh"] = "#include \"extra.cuh\"\n" + files["norm_fwd.cuh"];
+    const std::string with_v1 = fwd.source_hash(files);
+    files["extra.cuh"] = "// v2\n";
+    CHECK(fwd.source_hash(files) != with_v1);
+    CHECK(bwd.source_hash(files) == bwd.source_hash());
+  }
+  SUBCASE("the config is part of the hash") {
+    KernelSpec other = fwd;
+    other.cfg.threads_per_row *= 2;
+    CHECK(other.source_hash() != fwd.source_hash());
+  }
+}
+
+TEST_CASE("entry_staleness: current entries pass, changed kernels and inconsistent entries do not") {
+  for (Op op : {Op::Forward, Op::Backward}) {
+    for (const char* shape : {"rms:bf16:8192x4096", "ln:fp16:3x20000:res", "rms:fp32:77x100003:nw"}) {
+      CAPTURE(shape);
+      const TunedEntry e = real_entry(shape, op);
+      const std::string key = shape_key(op, parse_shape_spec(shape).desc);
+      CHECK(entry_staleness(key, e) == "");
+      TunedEntry changed = e;
+      changed.kernel_hash[0] = changed.kernel_hash[0] == '0' ? '1' : '0';
+      CHECK(entry_staleness(key, changed).find("changed") != std::string::npos);
+      TunedEntry moved = e;
+      moved.shape = "rms:bf16:8192x4104";  // another N than its key
+      CHECK(entry_staleness(key, moved) != "");
+      TunedEntry garbage = e;
+      garbage.shape = "not a shape";
+      CHECK(entry_staleness(key, garbage) != "");
+    }
+  }
+  CHECK(entry_staleness("nonsense", real_entry("rms:bf16:8x64", Op::Forward)) != "");
+  // Any M of the bucket gives the same entry hash (64-bit offsets are not a new kernel).
+  const NormDesc small = parse_shape_spec("rms:bf16:65536x4096").desc;
+  NormDesc huge = small;
+  huge.M = 1 << 20;
+  const LaunchConfig c = heuristic_config(Op::Forward, small, 8);
+  CHECK(make_spec(Op::Forward, huge, c).index64);
+  CHECK(tuned_kernel_hash(Op::Forward, small, c) == tuned_kernel_hash(Op::Forward, huge, c));
+}
+
+TEST_CASE("shape_spec round-trips a descriptor's variant, N and M") {
+  std::mt19937 rng(7);
+  const DType dts[] = {DType::F32, DType::F16, DType::BF16};
+  auto pick = [&](int n) { return static_cast<int>(rng() % n); };
+  for (int i = 0; i < 500; ++i) {
+    NormDesc d;
+    d.norm = pick(2) ? NormKind::LayerNorm : NormKind::RMSNorm;
+    d.x_dtype = dts[pick(3)];
+    d.y_dtype = dts[pick(3)];
+    d.weight_dtype = dts[pick(3)];
+    d.N = 1 + pick(262144);
+    d.heads = pick(4) == 0 ? 1 + pick(8) : 1;
+    d.M = d.heads * (1 + pick(1000));
+    d.has_weight = pick(5) != 0;
+    d.has_bias = d.norm == NormKind::LayerNorm && pick(2);
+    d.weight_offset = d.has_weight && pick(4) == 0 ? 1.f : 0.f;
+    d.residual = d.heads == 1 && pick(2);
+    if (d.residual) {
+      d.residual_dtype = dts[pick(3)];
+      d.residual_out_dtype = dts[pick(3)];
+      d.store_residual_out = pick(3) != 0;
+      d.residual_rounding = pick(2) ? ResidualRounding::Fp32 : ResidualRounding::ResidualDtype;
+    }
+    d.has_dresidual = d.residual && pick(2);
+    d.cast_mode = pick(3) == 0 ? CastMode::Llama : CastMode::Default;
+    d.store_rstd = pick(4) != 0;
+    d.store_mean = pick(4) != 0;
+    try {
+      d.validate();
+    } catch (const Error&) {
+      continue;  // a combination the engine refuses anyway
+    }
+    const std::string spec = shape_spec(d);
+    CAPTURE(spec);
+    const NormDesc back = parse_shape_spec(spec).desc;
+    CHECK(back.M == d.M);
+    for (Op op : {Op::Forward, Op::Backward}) CHECK(shape_key(op, back) == shape_key(op, d));
+  }
+}
