@@ -11,7 +11,10 @@
 // Exit codes: 0 ok, 1 error, 2 bad command line, 3 no GPU (for tune/bench).
 #include <sys/stat.h>
 
+#include <atomic>
 #include <chrono>
+#include <mutex>
+#include <thread>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -169,7 +172,7 @@ int cmd_tune(Engine& engine, const ShapeOptions& so, bool vs_untuned, const std:
 // kernels, checks and buffers across the M values of one variant and N, and
 // merging into the user cache every 30 s. Entries already current in the
 // user cache are skipped, so a stopped run resumes.
-int cmd_tune_grid(Engine& engine, const std::string& grid_path, bool list, double max_seconds) {
+int cmd_tune_grid(Engine& engine, const std::string& grid_path, bool list, double max_seconds, int workers) {
   const tools::Grid grid = tools::read_grid(grid_path);
   if (list) {
     for (const auto& g : grid.groups)
@@ -201,57 +204,83 @@ int cmd_tune_grid(Engine& engine, const std::string& grid_path, bool list, doubl
   KernelCache jit(engine.cache_dir() + "/kernels");
   std::size_t tuned = 0, skipped = 0, failed = 0, idx = 0;
   bool stopped = false;
-  for (const auto& g : grid.groups) {
-    if (elapsed() > max_seconds) {
-      stopped = true;
-      break;
-    }
-    NormDesc big = parse_shape_spec(g.spec(g.Ms.back())).desc;
-    std::vector<std::int64_t> todo;
-    for (auto m : g.Ms) {
-      NormDesc d = big;
-      d.M = m;
-      if (done.count(shape_key(g.op, d))) ++skipped;
-      else todo.push_back(m);
-    }
-    idx += g.Ms.size();
-    if (todo.empty()) continue;
-    try {
-      const Scratch scratch(g.op, big, 0x5eed0000u + static_cast<std::uint64_t>(big.N));
-      std::set<std::string> checked;
-      std::optional<LaunchConfig> start;
-      for (auto m : todo) {
+  std::mutex mu;  // guards the counters, pending, printing and merging
+  std::atomic<std::size_t> next{0};
+  // Several groups at once: one compiles while another times (the tuners
+  // take turns on the GPU through gpu_mutex()).
+  auto worker = [&] {
+    current_device();  // the primary context, current on this thread
+    for (std::size_t gi; (gi = next++) < grid.groups.size();) {
+      const auto& g = grid.groups[gi];
+      if (elapsed() > max_seconds) {
+        std::lock_guard<std::mutex> lk(mu);
+        stopped = true;
+        break;
+      }
+      NormDesc big = parse_shape_spec(g.spec(g.Ms.back())).desc;
+      std::vector<std::int64_t> todo;
+      for (auto m : g.Ms) {
         NormDesc d = big;
         d.M = m;
-        TuneOptions o;
-        o.local = true;
-        o.reps = 10;
-        o.check_elements = std::int64_t{1} << 18;
-        o.checked = &checked;
-        o.scratch = &scratch;
-        if (start && config_valid(g.op, d, *start, nullptr, dev.max_cluster)) o.start = start;
-        TuneResult r = autotune(g.op, d, dev, jit, {}, o);
-        start = r.winner;
-        // The record keeps the eight fastest candidates and every rejection.
-        std::stable_sort(r.candidates.begin(), r.candidates.end(), [](const auto& a, const auto& b) {
-          return (a.median_us > 0 ? a.median_us : 1e30) < (b.median_us > 0 ? b.median_us : 1e30);
-        });
-        std::vector<CandidateTiming> keep;
-        for (const auto& c : r.candidates)
-          if (c.median_us <= 0 || keep.size() < 8) keep.push_back(c);
-        pending[r.shape_key] = TunedEntry{shape_spec(d), tuned_kernel_hash(g.op, d, r.winner), r.winner, r.winner_us,
-                                          utc_now(), keep};
-        ++tuned;
-        fmt::print("[{}/{} {:.0f}s] {} {} -> {} {:.2f} us ({} timed)\n", idx, grid.entries(), elapsed(),
-                   g.op == Op::Forward ? "fwd" : "bwd", g.spec(m), r.winner.str(), r.winner_us, r.candidates.size());
+        if (!done.count(shape_key(g.op, d))) todo.push_back(m);
       }
-    } catch (const Error& e) {
-      ++failed;
-      fmt::print(stderr, "normjit: {} {}: {}\n", g.op == Op::Forward ? "fwd" : "bwd", g.spec(g.Ms.back()), e.what());
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        skipped += g.Ms.size() - todo.size();
+        idx += g.Ms.size();
+      }
+      if (todo.empty()) continue;
+      std::unique_ptr<Scratch> scratch;
+      try {
+        {
+          std::lock_guard<std::mutex> gpu(gpu_mutex());
+          scratch = std::make_unique<Scratch>(g.op, big, 0x5eed0000u + static_cast<std::uint64_t>(big.N));
+        }
+        std::set<std::string> checked;
+        std::optional<LaunchConfig> start;
+        for (auto m : todo) {
+          NormDesc d = big;
+          d.M = m;
+          TuneOptions o;
+          o.local = true;
+          o.reps = 10;
+          o.check_elements = std::int64_t{1} << 18;
+          o.checked = &checked;
+          o.scratch = scratch.get();
+          if (start && config_valid(g.op, d, *start, nullptr, dev.max_cluster)) o.start = start;
+          TuneResult r = autotune(g.op, d, dev, jit, {}, o);
+          start = r.winner;
+          // The record keeps the eight fastest candidates and every rejection.
+          std::stable_sort(r.candidates.begin(), r.candidates.end(), [](const auto& a, const auto& b) {
+            return (a.median_us > 0 ? a.median_us : 1e30) < (b.median_us > 0 ? b.median_us : 1e30);
+          });
+          std::vector<CandidateTiming> keep;
+          for (const auto& c : r.candidates)
+            if (c.median_us <= 0 || keep.size() < 8) keep.push_back(c);
+          std::lock_guard<std::mutex> lk(mu);
+          pending[r.shape_key] = TunedEntry{shape_spec(d), tuned_kernel_hash(g.op, d, r.winner), r.winner, r.winner_us,
+                                            utc_now(), keep};
+          ++tuned;
+          fmt::print("[{}/{} {:.0f}s] {} {} -> {} {:.2f} us ({} timed)\n", idx, grid.entries(), elapsed(),
+                     g.op == Op::Forward ? "fwd" : "bwd", g.spec(m), r.winner.str(), r.winner_us, r.candidates.size());
+        }
+      } catch (const Error& e) {
+        std::lock_guard<std::mutex> lk(mu);
+        ++failed;
+        fmt::print(stderr, "normjit: {} {}: {}\n", g.op == Op::Forward ? "fwd" : "bwd", g.spec(g.Ms.back()), e.what());
+      }
+      {
+        std::lock_guard<std::mutex> gpu(gpu_mutex());
+        scratch.reset();
+      }
+      std::lock_guard<std::mutex> lk(mu);
+      std::fflush(stdout);
+      if (elapsed() - last_merge > 30) flush_pending();
     }
-    std::fflush(stdout);
-    if (elapsed() - last_merge > 30) flush_pending();
-  }
+  };
+  std::vector<std::thread> pool;
+  for (int w = 0; w < workers; ++w) pool.emplace_back(worker);
+  for (auto& t : pool) t.join();
   flush_pending();
   fmt::print("grid {}: {} tuned, {} already current, {} groups failed, {:.0f} s{}; stored in {}\n", grid_path, tuned,
              skipped, failed, elapsed(), stopped ? " (stopped at --max-seconds; run again to resume)" : "", file);
@@ -509,6 +538,9 @@ int main(int argc, char** argv) {
   tune->add_option("--json", tune_json, "With --vs-untuned: write the comparison as JSON");
   tune->add_option("--grid", grid_path, "Tune every shape of a grid file (autotune_cache/grid/grid.json) by local search")
       ->check(CLI::ExistingFile);
+  int grid_workers = 4;
+  tune->add_option("--workers", grid_workers, "With --grid: shapes tuned at once (compiles overlap timing; timing is serial)")
+      ->check(CLI::Range(1, 64));
   tune->add_flag("--list", grid_list, "With --grid: print the grid's shapes and stop (no GPU needed)");
   tune->add_option("--max-seconds", max_seconds, "With --grid: stop starting new shapes after this long")
       ->check(CLI::PositiveNumber);
@@ -556,7 +588,7 @@ int main(int argc, char** argv) {
     if (!cache_dir.empty()) opt.cache_dir = cache_dir;
     opt.verbose = verbose || tune->parsed();  // tuning always shows its progress
     Engine engine(opt);
-    if (tune->parsed() && !grid_path.empty()) return cmd_tune_grid(engine, grid_path, grid_list, max_seconds);
+    if (tune->parsed() && !grid_path.empty()) return cmd_tune_grid(engine, grid_path, grid_list, max_seconds, grid_workers);
     if (tune->parsed()) return cmd_tune(engine, tune_o, vs_untuned, tune_json);
     if (explain->parsed()) return cmd_explain(engine, explain_o);
     if (bench->parsed()) return cmd_bench(engine, bench_o, json_path, reps, !no_check);

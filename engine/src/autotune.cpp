@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <exception>
+#include <condition_variable>
 #include <mutex>
 #include <thread>
 
@@ -36,6 +37,42 @@ void parallel_for(int n, const std::function<void(int)>& fn) {
   for (auto& th : pool) th.join();
   if (first) std::rethrow_exception(first);
 }
+
+std::mutex& gpu_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+namespace {
+// NVRTC compiles running at once, across every tuner of the process: all
+// cores but two, so the thread timing kernels is never starved (a timing
+// thread descheduled between the L2 flush and the launch would time the gap).
+class CompileSlots {
+ public:
+  CompileSlots() : free_(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 2)) {}
+  void acquire() {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return free_ > 0; });
+    --free_;
+  }
+  void release() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++free_;
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int free_;
+};
+CompileSlots& compile_slots() {
+  static CompileSlots s;
+  return s;
+}
+}  // namespace
 
 int pick_winner(const std::vector<CandidateTiming>& candidates, double tie) {
   double best = -1;
@@ -210,6 +247,7 @@ class Tuner {
         const TuneOptions& o)
       : op_(op), d_(desc), dev_(dev), jit_(jit), progress_(progress), o_(o),
         grid_(candidate_grid(op, desc, dev.max_cluster)), kernels_(grid_.size()), state_(grid_.size()) {
+    std::lock_guard<std::mutex> gpu(gpu_mutex());
     res_.shape_key = shape_key(op, desc);
     for (const auto& c : grid_) res_.candidates.push_back({c, -1, ""});
     if (o.scratch) {
@@ -222,6 +260,19 @@ class Tuner {
       if (t.output) outs_.push_back(&t);
     if (op == Op::Backward) fin_ = jit.get(finalize_spec(desc), dev.arch());
   }
+
+  ~Tuner() {
+    // Frees device memory (which may synchronise the device): not while
+    // another tuner times.
+    std::lock_guard<std::mutex> gpu(gpu_mutex());
+    own_.reset();
+    flush_ = DeviceBuffer();
+    ws_ = DeviceBuffer();
+    kernels_.clear();
+    fin_.reset();
+  }
+  Tuner(const Tuner&) = delete;
+  Tuner& operator=(const Tuner&) = delete;
 
   int size() const { return static_cast<int>(grid_.size()); }
   int index_of(const LaunchConfig& c) const {
@@ -238,7 +289,8 @@ class Tuner {
       if (i >= 0 && i < size() && state_[i] == Unseen && std::find(todo.begin(), todo.end(), i) == todo.end())
         todo.push_back(i);
     if (todo.empty()) return;
-    compile(todo);
+    compile(todo);  // CPU only: other tuners may time meanwhile
+    std::lock_guard<std::mutex> gpu(gpu_mutex());
     for (int i : todo) load(i);
     if (!ref_) make_reference();
     for (int i : todo) {
@@ -291,11 +343,13 @@ class Tuner {
     binaries_.resize(grid_.size());
     parallel_for(static_cast<int>(unique.size()), [&](int t) {
       const int i = unique[t];
+      compile_slots().acquire();
       try {
         binaries_[i] = compile_spec(make_spec(op_, d_, grid_[i]), dev_.arch(), jit_.kernel_dir());
       } catch (const Error& e) {
         errors[t] = e.message();
       }
+      compile_slots().release();
     });
     std::map<int, std::string> error_of;
     for (std::size_t t = 0; t < unique.size(); ++t) error_of[unique[t]] = errors[t];

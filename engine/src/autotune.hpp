@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -83,6 +84,11 @@ TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCa
 /// the first whose median is within `tie` (2%) of the fastest. -1 when none
 /// was timed. Pure, so the tie rule is testable without a GPU.
 int pick_winner(const std::vector<CandidateTiming>& candidates, double tie = 1.02);
+
+/// Held by a tuner while it uses the GPU (loading, checking, timing), so
+/// tuners in several threads overlap their compiles with one another's
+/// timing but never time at once.
+std::mutex& gpu_mutex();
 
 /// Runs `fn(i)` for i in [0, n) on up to hardware_concurrency threads;
 /// rethrows the first exception after all finished.
