@@ -156,7 +156,13 @@ int cmd_tune(Engine& engine, const ShapeOptions& so, bool vs_untuned, const std:
                       {"tuned", r.winner.str()}, {"tuned_us", t[0]}, {"untuned", untuned.config.str()},
                       {"untuned_source", config_source_name(untuned.source)}, {"untuned_from", untuned.from_key},
                       {"untuned_us", t[1]}, {"ratio", t[1] / t[0]}, {"tune_seconds", secs},
-                      {"candidates", r.candidates.size()}});
+                      {"candidates", r.candidates.size()}, {"all", [&] {
+                         // Every candidate's tuned time: lets a new rule be scored offline.
+                         nlohmann::json a = nlohmann::json::array();
+                         for (const auto& c : r.candidates)
+                           if (c.median_us > 0) a.push_back({c.config.str(), c.median_us});
+                         return a;
+                       }()}});
     }
   fmt::print("tuned configs stored in {}/tuned\n", engine.cache_dir());
   if (!json_path.empty()) {

@@ -8,6 +8,8 @@
 #include "specialization.hpp"
 #include "tuned_cache.hpp"
 
+#include <cmath>
+
 namespace normjit::detail {
 
 namespace {
@@ -210,20 +212,56 @@ LaunchConfig heuristic_config(Op op, const NormDesc& d, int max_cluster) {
 LaunchConfig adapt_config(Op op, const NormDesc& d, LaunchConfig c, int max_cluster) {
   if (config_valid(op, d, c, nullptr, max_cluster)) return c;
   const int vmax = max_vec(op, d);
-  LaunchConfig keep_bytes = c, narrow = c;
-  while (keep_bytes.vec > vmax) {
-    keep_bytes.vec /= 2;
-    narrow.vec /= 2;
-    if (keep_bytes.threads() * 2 <= 1024)
-      keep_bytes.threads_per_row *= 2;
-    else if (keep_bytes.rows_per_pid > 1) {
-      keep_bytes.rows_per_pid /= 2;
-      keep_bytes.threads_per_row *= 2;
+  if (c.vec > vmax) {
+    // Narrower vectors than the neighbour tuned: what tuning picks then is
+    // about 8 elements a thread (8 loads in flight), whatever the vector.
+    c.vec = vmax;
+    const std::int64_t per_cta = slice_columns(d.N, c);
+    const std::int64_t cap = 1024 / c.rows_per_pid;
+    std::int64_t tpr = std::max(1, 32 / c.rows_per_pid);
+    while (tpr * 2 <= cap && tpr * 2 * 8 <= per_cta * 3 / 2) tpr *= 2;
+    LaunchConfig wide = c;
+    wide.threads_per_row = static_cast<int>(tpr);
+    if (config_valid(op, d, wide, nullptr, max_cluster)) return wide;
+  }
+  return c;
+}
+
+std::optional<LaunchConfig> consensus_config(Op op, const NormDesc& d,
+                                             const std::vector<std::pair<const TunedEntry*, double>>& entries,
+                                             int max_cluster) {
+  constexpr double kUntimed = 1.25;
+  struct Score {
+    double sum = 0;
+    int first_entry = 0;  // ties go to the config of the nearest entry
+  };
+  std::vector<std::pair<LaunchConfig, Score>> scores;
+  double wsum = 0;
+  for (const auto& [e, dist] : entries) wsum += 1 / (1 + dist);
+  for (std::size_t i = 0; i < entries.size(); ++i)
+    for (const auto& c : entries[i].first->candidates) {
+      if (c.median_us <= 0) continue;
+      const LaunchConfig a = adapt_config(op, d, c.config, max_cluster);
+      if (!config_valid(op, d, a, nullptr, max_cluster)) continue;
+      if (std::none_of(scores.begin(), scores.end(), [&](const auto& s) { return s.first == a; }))
+        scores.push_back({a, {0, static_cast<int>(i)}});
+    }
+  for (auto& [cfg, sc] : scores) {
+    for (const auto& [e, dist] : entries) {
+      double r = kUntimed;
+      for (const auto& c : e->candidates)
+        if (c.median_us > 0 && e->winner_us > 0 && adapt_config(op, d, c.config, max_cluster) == cfg)
+          r = std::min(r, c.median_us / e->winner_us);
+      sc.sum += r / (1 + dist) / wsum;
     }
   }
-  if (config_valid(op, d, keep_bytes, nullptr, max_cluster)) return keep_bytes;
-  if (config_valid(op, d, narrow, nullptr, max_cluster)) return narrow;
-  return keep_bytes;
+  const std::pair<LaunchConfig, Score>* best = nullptr;
+  for (const auto& s : scores)
+    if (!best || s.second.sum < best->second.sum - 1e-9 ||
+        (std::fabs(s.second.sum - best->second.sum) <= 1e-9 && s.second.first_entry < best->second.first_entry))
+      best = &s;
+  if (!best) return std::nullopt;
+  return best->first;
 }
 
 LaunchConfig fit_alignment(const LaunchConfig& cfg, Op op, const NormDesc& d,

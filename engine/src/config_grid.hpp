@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <optional>
 #include <vector>
 
 #include "normjit/normjit.hpp"
@@ -62,6 +63,18 @@ LaunchConfig heuristic_config(Op op, const NormDesc& desc, int max_cluster = 1);
 /// bytes a thread, as far as the block allows). Returns `c` unchanged when
 /// it is already valid; the result may still be invalid (check config_valid).
 LaunchConfig adapt_config(Op op, const NormDesc& desc, LaunchConfig c, int max_cluster);
+
+struct TunedEntry;
+/// The config for `desc` from tuned neighbours (`entries` with their
+/// distances, nearest first): every candidate an entry timed, adapted to
+/// `desc` (adapt_config) and valid here, is scored by its time over that
+/// entry's winner's, averaged over the entries with weights 1 / (1 +
+/// distance); a candidate an entry did not time counts 1.25 there. The lowest
+/// score wins, so one entry's noisy or locally stuck winner is outvoted by
+/// its neighbours. nullopt when no candidate is valid here.
+std::optional<LaunchConfig> consensus_config(Op op, const NormDesc& desc,
+                                             const std::vector<std::pair<const TunedEntry*, double>>& entries,
+                                             int max_cluster);
 
 /// Lowers cfg.vec until every pointer and row stride is aligned to a whole
 /// vector (the vectors are single 4/8/16-byte accesses), and drops cp.async

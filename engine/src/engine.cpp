@@ -67,6 +67,10 @@ EngineOptions EngineOptions::from_env() {
   return o;
 }
 
+// Tuned shapes a neighbour config is drawn from: the N below and above at the
+// M buckets below and above.
+constexpr std::size_t kNeighbours = 4;
+
 struct Engine::Impl {
   EngineOptions opt;
   std::string root;
@@ -157,18 +161,19 @@ struct Engine::Impl {
     }
     if (opt.tune_policy == TunePolicy::Never || skip_exact) {
       // The neighbour's winner, its vector narrowed to what this shape allows.
-      auto adapt = [&](const LaunchConfig& c) { return adapt_config(op, d, c, mc); };
-      std::string from;
-      ConfigSource s{};
-      auto accept = [&](const std::string& key, const TunedEntry& e) {
-        return !(skip_exact && key == x.shape_key) && config_valid(op, d, adapt(e.winner), nullptr, mc);
-      };
-      if (auto e = st.tuned->nearest(x.shape_key, accept, &from, &s)) {
-        take(*e, ConfigSource::Neighbour, from);
-        x.from_file = config_source_name(s);
-        x.config = adapt(e->winner);
-        x.reason = fmt::format("no tuned entry for this shape; the winner of the nearest tuned shape {} ({})", from,
-                               x.from_file);
+      auto accept = [&](const std::string& key, const TunedEntry&) { return !(skip_exact && key == x.shape_key); };
+      const auto near = st.tuned->nearest_k(x.shape_key, kNeighbours, accept);
+      std::vector<std::pair<const TunedEntry*, double>> entries;
+      for (const auto& n : near) entries.emplace_back(&n.entry, n.distance);
+      if (auto c = consensus_config(op, d, entries, mc)) {
+        const auto& n = near.front();
+        take(n.entry, ConfigSource::Neighbour, n.key);
+        x.from_file = config_source_name(n.source);
+        x.config = *c;
+        x.reason = fmt::format(
+            "no tuned entry for this shape; the candidate fastest across the {} nearest tuned shapes of its variant "
+            "(nearest: {}, {})",
+            near.size(), n.key, x.from_file);
         return x;
       }
     }

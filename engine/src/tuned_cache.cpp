@@ -423,11 +423,11 @@ std::optional<KeyParts> split_key(const std::string& key) {
 }
 }  // namespace
 
-std::optional<TunedEntry> TunedCache::nearest(const std::string& key,
-                                              const std::function<bool(const std::string&, const TunedEntry&)>& accept, std::string* from,
-                                              ConfigSource* source) {
+std::vector<TunedCache::Near> TunedCache::nearest_k(
+    const std::string& key, std::size_t k, const std::function<bool(const std::string&, const TunedEntry&)>& accept) {
+  std::vector<Near> out;
   const auto want = split_key(key);
-  if (!want) return std::nullopt;
+  if (!want || k == 0) return out;
   std::lock_guard<std::mutex> lock(mu_);
   load_all();
   struct Hit {
@@ -458,13 +458,24 @@ std::optional<TunedEntry> TunedCache::nearest(const std::string& key,
   scan(*user_, ConfigSource::UserCache);
   for (const auto& s : shipped_) scan(*s, ConfigSource::ShippedCache);
   std::stable_sort(hits.begin(), hits.end(), [](const Hit& a, const Hit& b) { return a.distance < b.distance; });
-  for (const Hit& h : hits)
-    if (accept(*h.key, *h.entry)) {
-      if (from) *from = *h.key;
-      if (source) *source = h.source;
-      return *h.entry;
-    }
-  return std::nullopt;
+  std::set<std::string> seen;  // a key in several files: the first (memory, user, shipped)
+  for (const Hit& h : hits) {
+    if (out.size() == k) break;
+    if (seen.count(*h.key) || !accept(*h.key, *h.entry)) continue;
+    seen.insert(*h.key);
+    out.push_back({*h.key, *h.entry, h.distance, h.source});
+  }
+  return out;
+}
+
+std::optional<TunedEntry> TunedCache::nearest(const std::string& key,
+                                              const std::function<bool(const std::string&, const TunedEntry&)>& accept,
+                                              std::string* from, ConfigSource* source) {
+  auto near = nearest_k(key, 1, accept);
+  if (near.empty()) return std::nullopt;
+  if (from) *from = near[0].key;
+  if (source) *source = near[0].source;
+  return near[0].entry;
 }
 
 Op shape_key_op(const std::string& key) {

@@ -141,6 +141,17 @@ class TunedCache {
   std::optional<TunedEntry> nearest(const std::string& key, const std::function<bool(const std::string&, const TunedEntry&)>& accept,
                                     std::string* from = nullptr, ConfigSource* source = nullptr);
 
+  /// One entry near a key, as nearest_k finds it.
+  struct Near {
+    std::string key;
+    TunedEntry entry;
+    double distance = 0;
+    ConfigSource source = ConfigSource::ShippedCache;
+  };
+  /// The `k` nearest accepted entries, nearest first (the order of nearest()).
+  std::vector<Near> nearest_k(const std::string& key, std::size_t k,
+                              const std::function<bool(const std::string&, const TunedEntry&)>& accept);
+
   /// Stores in memory and merges into the user file (atomic, locked).
   void store(const std::string& key, const TunedEntry& entry);
 
