@@ -59,6 +59,16 @@ Grid read_grid(const std::string& path) {
       const double v = lo * std::pow(hi / lo, double(i) / (count - 1));
       ns.insert(std::max<std::int64_t>(mult, std::llround(v / mult) * mult));
     }
+    if (j.contains("N_odd")) {
+      const auto& od = j.at("N_odd");
+      const double olo = od.at("min").get<double>(), ohi = od.at("max").get<double>();
+      const int oc = od.at("count").get<int>();
+      if (!(olo >= 1 && ohi >= olo && oc >= 2)) throw bad("N_odd needs 1 <= min <= max, count >= 2");
+      for (int i = 0; i < oc; ++i) {
+        const std::int64_t v = std::llround(olo * std::pow(ohi / olo, double(i) / (oc - 1)));
+        ns.insert(v % 2 ? v : v + (v + 1 <= 262144 ? 1 : -1));
+      }
+    }
     for (const auto& [family, sizes] : j.at("N_models").items())
       for (const auto& n : sizes) ns.insert(n.get<std::int64_t>());
     g.N.assign(ns.begin(), ns.end());

@@ -29,7 +29,8 @@ struct Grid {
 };
 
 /// Reads and expands a grid file. The log grid has `count` values from `min`
-/// to `max`, each rounded to a multiple of `multiple`; model sizes are added.
+/// to `max`, each rounded to a multiple of `multiple`; N_odd adds `count`
+/// odd values from `min` to `max` (log-spaced); model sizes are added.
 /// Each N gets the M values whose M * N fits max_elements, plus the largest
 /// power of two that fits when a listed M does not. Groups come coarse N
 /// first (a stopped run still covers the range) and dtypes in the file's

@@ -37,6 +37,11 @@ def grid_ns(grid):
     lg = grid["N_log"]
     lo, hi, count, mult = lg["min"], lg["max"], lg["count"], lg["multiple"]
     ns = {max(mult, round(lo * (hi / lo) ** (i / (count - 1)) / mult) * mult) for i in range(count)}
+    if "N_odd" in grid:
+        od = grid["N_odd"]
+        for i in range(od["count"]):
+            v = round(od["min"] * (od["max"] / od["min"]) ** (i / (od["count"] - 1)))
+            ns.add(v if v % 2 else (v + 1 if v + 1 <= 262144 else v - 1))
     for sizes in grid["N_models"].values():
         ns.update(sizes)
     return ns

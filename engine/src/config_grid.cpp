@@ -236,13 +236,16 @@ std::optional<LaunchConfig> consensus_config(Op op, const NormDesc& d,
     int first_entry = 0;  // ties go to the config of the nearest entry
   };
   std::vector<std::pair<LaunchConfig, Score>> scores;
+  // Only configs the shape's own grid holds (the grid's pruning rules apply).
+  const std::vector<LaunchConfig> grid = candidate_grid(op, d, max_cluster);
+  const auto in_grid = [&](const LaunchConfig& c) { return std::find(grid.begin(), grid.end(), c) != grid.end(); };
   double wsum = 0;
   for (const auto& [e, dist] : entries) wsum += 1 / (1 + dist);
   for (std::size_t i = 0; i < entries.size(); ++i)
     for (const auto& c : entries[i].first->candidates) {
       if (c.median_us <= 0) continue;
       const LaunchConfig a = adapt_config(op, d, c.config, max_cluster);
-      if (!config_valid(op, d, a, nullptr, max_cluster)) continue;
+      if (!in_grid(a)) continue;
       if (std::none_of(scores.begin(), scores.end(), [&](const auto& s) { return s.first == a; }))
         scores.push_back({a, {0, static_cast<int>(i)}});
     }

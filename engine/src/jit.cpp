@@ -99,8 +99,10 @@ LoadedKernel::LoadedKernel(const KernelSpec& spec, const KernelBinary& bin) : sp
     local_bytes = attr(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES);
     static_smem = attr(CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES);
     max_threads = attr(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
-    // Above 48 KiB a kernel must opt in to its dynamic shared memory.
-    if (spec.dynamic_smem() > 48 * 1024)
+    // Past 48 KiB of shared memory in all (static + dynamic) a kernel must opt
+    // in to its dynamic part; a 48 KiB stage ring plus a few static bytes
+    // fails to launch otherwise.
+    if (static_smem + spec.dynamic_smem() > 48 * 1024)
       NJ_CU(cuFuncSetAttribute(fn_, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, spec.dynamic_smem()));
     if (max_threads >= spec.threads())
       NJ_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, fn_, spec.threads(), spec.dynamic_smem()));

@@ -405,6 +405,13 @@ struct KeyParts {
   std::string tags;
   std::int64_t N = 0, mb = 0;
 };
+// log2 of the widest vector (in elements, up to 8) that divides a row of N.
+double width_class(std::int64_t N) {
+  int c = 0;
+  while (c < 3 && N % (std::int64_t{2} << c) == 0) ++c;
+  return c;
+}
+
 // Tags with every 16-bit float dtype written as bf16.
 std::string same_sizes(std::string tags) {
   for (std::size_t p; (p = tags.find("fp16")) != std::string::npos;) tags.replace(p, 4, "bf16");
@@ -448,6 +455,9 @@ std::vector<TunedCache::Near> TunedCache::nearest_k(
         if (same_sizes(p->tags) != same_sizes(want->tags)) continue;
         d = 1.5;
       }
+      // Rows that allow only narrower vectors (odd N: scalar loads) tune
+      // differently: entries of the same width class come first.
+      d += 2 * std::fabs(width_class(p->N) - width_class(want->N));
       // A row twice as wide changes the launch shape more than twice the rows.
       d += 2 * std::fabs(std::log2(double(p->N) / double(want->N))) +
            std::fabs(std::log2(double(p->mb) / double(std::max<std::int64_t>(1, want->mb))));

@@ -135,7 +135,8 @@ class TunedCache {
 
   /// The entry nearest to `key` (same variant tags, else the same with fp16
   /// and bf16 exchanged at a penalty of 1.5) among the usable entries of
-  /// every file, by distance in log2 N (weighted 2) and log2 M bucket,
+  /// every file, by distance in log2 N (weighted 2), log2 M bucket and the
+  /// widest vector dividing N (weighted 2: an odd N takes odd N's configs),
   /// for which `accept(key, entry)` holds; the key it was stored under goes to
   /// `from`. For shapes no file holds.
   std::optional<TunedEntry> nearest(const std::string& key, const std::function<bool(const std::string&, const TunedEntry&)>& accept,
