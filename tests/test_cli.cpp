@@ -219,3 +219,58 @@ TEST_CASE("cli: the binary needs only libc, libm and libdl at load time (no libc
   }
   CHECK(needed >= 1);
 }
+
+TEST_CASE("cli: tune --grid --list expands the shipped grid without a GPU") {
+  Cli cli;
+  const auto r = cli("tune --grid " NORMJIT_SHIPPED_CACHE_DIR "/grid/grid.json --list");
+  CAPTURE(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::regex summary(R"((\d+) N values, (\d+) groups, (\d+) entries)");
+  std::smatch m;
+  REQUIRE(std::regex_search(r.output, m, summary));
+  CHECK(std::stoi(m[1]) >= 40 + 12);  // the log grid and the odd N, plus model sizes
+  CHECK(std::stoi(m[3]) > 1000);
+  // Model sizes and the extremes are in; every line is a shape spec.
+  for (const char* s : {"fwd rms:bf16:1x64\n", "fwd rms:bf16:1x7168\n", "fwd rms:bf16:1x2880\n", "fwd rms:bf16:1x262144\n",
+                        "bwd ln:fp32:1x5120\n", "fwd ln:fp16:1x4096:res\n"})
+    CHECK(r.output.find(s) != std::string::npos);
+  // M * N never exceeds max_elements (2^26 in the file).
+  const std::regex line(R"((fwd|bwd) [a-z]+:[a-z0-9]+:(\d+)x(\d+))");
+  int lines = 0;
+  for (std::sregex_iterator it(r.output.begin(), r.output.end(), line), end; it != end; ++it, ++lines)
+    CHECK(std::stoll((*it)[2]) * std::stoll((*it)[3]) <= (1LL << 26));
+  CHECK(lines == std::stoi(m[3]));
+
+  const auto bad = cli("tune --grid " NORMJIT_TEST_MODELS_DIR "/qwen3-8b.config.json --list");
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output.find("--grid") != std::string::npos);
+  if (!gpu_available(nullptr)) CHECK(cli("tune --grid " NORMJIT_SHIPPED_CACHE_DIR "/grid/grid.json").exit_code == 3);
+}
+
+TEST_CASE("cli: explain --device says where a config comes from, without a GPU") {
+  Cli cli;
+  // A shape of the grid: its own shipped entry, with the candidates' times.
+  auto r = cli("explain --device nvidia-h200.cc90.132sm.60mib --op fwd --shape rms:bf16:4096x7168");
+  CAPTURE(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("source:  shipped cache") != std::string::npos);
+  CHECK(r.output.find("candidates of that entry") != std::string::npos);
+  // A width no cache holds: a neighbour, naming the entry it came from.
+  r = cli("explain --device nvidia-h200.cc90.132sm.60mib --op bwd --shape rms:bf16:4096x7000");
+  CAPTURE(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("source:  neighbour") != std::string::npos);
+  CHECK(r.output.find("from:    rms_bwd:x=bf16") != std::string::npos);
+  // A variant no cache holds (fp32 weight under bf16 rows): the heuristic.
+  r = cli("explain --device nvidia-h200.cc90.132sm.60mib --op fwd --shape rms:bf16:4096x7000:w=fp32");
+  CAPTURE(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("source:  heuristic") != std::string::npos);
+  // An unknown device names the argument and the devices it knows.
+  r = cli("explain --device no-such-gpu --shape rms:bf16:8x64");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("--device 'no-such-gpu'") != std::string::npos);
+  CHECK(r.output.find("nvidia-h200.cc90.132sm.60mib") != std::string::npos);
+  // Without --device it needs a GPU.
+  if (!gpu_available(nullptr)) CHECK(cli("explain --shape rms:bf16:8x64").exit_code == 3);
+}

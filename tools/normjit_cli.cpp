@@ -22,6 +22,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "autotune.hpp"
@@ -294,12 +295,36 @@ int cmd_tune_grid(Engine& engine, const std::string& grid_path, bool list, doubl
 }
 
 // Where each shape's config comes from, and the candidates' times when known.
-int cmd_explain(Engine& engine, const ShapeOptions& so) {
+// With --device (a tuned-cache file's device slug) no GPU is needed: the
+// device's facts come from that file, and the policy is Never's.
+int cmd_explain(Engine& engine, const ShapeOptions& so, const std::string& device) {
   const auto shapes = resolve_shapes(so);
-  if (!require_gpu("explain (the device selects the tuned-cache files)")) return kExitNoGpu;
+  std::unique_ptr<TunedCache> offline;
+  int max_cluster = 1;
+  if (!device.empty()) {
+    std::vector<std::string> dirs = {engine.cache_dir() + "/tuned"};
+    for (const auto& d : engine.shipped_cache_dirs()) dirs.push_back(d);
+    std::optional<TunedCacheFile> file;
+    std::vector<std::string> known;
+    for (const auto& dir : dirs) {
+      for (const auto& f : list_tuned_cache_files(dir, [](const std::string&) {}))
+        known.push_back(f.device.slug());
+      if (!file) file = read_tuned_cache_file((fs::path(dir) / (device + ".json")).string(), default_warn);
+    }
+    if (!file)
+      throw Error(ErrorKind::InvalidArgument,
+                  fmt::format("--device '{}': no tuned-cache file {}.json in the user or shipped caches (known: {})",
+                              device, device, known.empty() ? "none" : fmt::format("{}", fmt::join(known, ", "))));
+    offline = std::make_unique<TunedCache>(engine.cache_dir() + "/tuned", engine.shipped_cache_dirs(), file->device,
+                                           file->metadata);
+    max_cluster = max_cluster_of_arch(file->device.cc_major * 10 + file->device.cc_minor);
+  } else if (!require_gpu("explain without --device (the device selects the tuned-cache files)")) {
+    return kExitNoGpu;
+  }
   for (const auto& s : shapes)
     for (Op op : ops_of(so.op)) {
-      const ConfigExplanation x = engine.explain(op, s.desc);
+      const ConfigExplanation x = offline ? explain_config(*offline, op, s.desc, max_cluster, TunePolicy::Never, false)
+                                          : engine.explain(op, s.desc);
       fmt::print("{} {}\n  key:     {}\n  config:  {}\n  source:  {}\n  reason:  {}\n", op_label(op, s.desc.norm),
                  s.name, x.shape_key, x.config.str(), config_source_name(x.source), x.reason);
       if (!x.from_key.empty() && x.from_key != x.shape_key) fmt::print("  from:    {}\n", x.from_key);
@@ -555,6 +580,10 @@ int main(int argc, char** argv) {
   auto* explain = app.add_subcommand(
       "explain", "Print the config each shape resolves to, where it comes from (tuned, shipped, neighbour, heuristic) and why");
   add_shape_options(explain, explain_o);
+  std::string explain_device;
+  explain->add_option("--device", explain_device,
+                      "Explain for this device without a GPU: a tuned-cache file's name without .json, e.g. "
+                      "nvidia-h100-80gb-hbm3.cc90.132sm.50mib");
 
   auto* bench = app.add_subcommand("bench", "Time shapes with their current configs: us, GB/s, SOL% against a device copy");
   add_shape_options(bench, bench_o);
@@ -596,7 +625,7 @@ int main(int argc, char** argv) {
     Engine engine(opt);
     if (tune->parsed() && !grid_path.empty()) return cmd_tune_grid(engine, grid_path, grid_list, max_seconds, grid_workers);
     if (tune->parsed()) return cmd_tune(engine, tune_o, vs_untuned, tune_json);
-    if (explain->parsed()) return cmd_explain(engine, explain_o);
+    if (explain->parsed()) return cmd_explain(engine, explain_o, explain_device);
     if (bench->parsed()) return cmd_bench(engine, bench_o, json_path, reps, !no_check);
     if (compile->parsed()) return cmd_compile(engine, compile_o, arch);
     if (cache_list->parsed()) return cmd_cache_list(engine);

@@ -67,10 +67,6 @@ EngineOptions EngineOptions::from_env() {
   return o;
 }
 
-// Tuned shapes a neighbour config is drawn from: the N below and above at the
-// M buckets below and above.
-constexpr std::size_t kNeighbours = 4;
-
 struct Engine::Impl {
   EngineOptions opt;
   std::string root;
@@ -137,50 +133,9 @@ struct Engine::Impl {
   /// Rethrows `e` (being handled) with op, shape and config attached.
   [[noreturn]] static void attach_context(const Error& e, Op op, const NormDesc& d, const LaunchConfig& cfg);
 
-  // Caller holds mu. Exact entries, then (policy Never) a neighbour's
-  // winner, then the heuristic; never tunes.
+  // Caller holds mu.
   ConfigExplanation lookup(DeviceState& st, Op op, const NormDesc& d, bool skip_exact) {
-    ConfigExplanation x;
-    x.shape_key = shape_key(op, d);
-    const int mc = st.info.max_cluster;
-    auto take = [&](const TunedEntry& e, ConfigSource s, const std::string& from) {
-      x.config = e.winner;
-      x.source = s;
-      x.from_key = from;
-      x.from_file = config_source_name(s);
-      x.entry_us = e.winner_us;
-      x.candidates = e.candidates;
-    };
-    if (!skip_exact && opt.tune_policy != TunePolicy::Always) {
-      ConfigSource s{};
-      if (auto e = st.tuned->lookup(x.shape_key, &s); e && config_valid(op, d, e->winner, nullptr, mc)) {
-        take(*e, s, x.shape_key);
-        x.reason = fmt::format("tuned for this shape key ({}, {:.2f} us)", x.from_file, e->winner_us);
-        return x;
-      }
-    }
-    if (opt.tune_policy == TunePolicy::Never || skip_exact) {
-      // The neighbour's winner, its vector narrowed to what this shape allows.
-      auto accept = [&](const std::string& key, const TunedEntry&) { return !(skip_exact && key == x.shape_key); };
-      const auto near = st.tuned->nearest_k(x.shape_key, kNeighbours, accept);
-      std::vector<std::pair<const TunedEntry*, double>> entries;
-      for (const auto& n : near) entries.emplace_back(&n.entry, n.distance);
-      if (auto c = consensus_config(op, d, entries, mc)) {
-        const auto& n = near.front();
-        take(n.entry, ConfigSource::Neighbour, n.key);
-        x.from_file = config_source_name(n.source);
-        x.config = *c;
-        x.reason = fmt::format(
-            "no tuned entry for this shape; the candidate fastest across the {} nearest tuned shapes of its variant "
-            "(nearest: {}, {})",
-            near.size(), n.key, x.from_file);
-        return x;
-      }
-    }
-    x.config = heuristic_config(op, d, mc);
-    x.source = ConfigSource::Heuristic;
-    x.reason = "no tuned entry for this shape or a shape of its variant; the heuristic config";
-    return x;
+    return explain_config(*st.tuned, op, d, st.info.max_cluster, opt.tune_policy, skip_exact);
   }
 
   // Caller holds mu. Memory, then caches (unless policy Always), then tuning

@@ -541,6 +541,49 @@ void TunedCache::store(const std::string& key, const TunedEntry& entry) {
   merge_into_tuned_cache_file(user_file(), device_, metadata_, {{key, entry}});
 }
 
+ConfigExplanation explain_config(TunedCache& cache, Op op, const NormDesc& d, int mc, TunePolicy policy,
+                                 bool skip_exact) {
+  ConfigExplanation x;
+  x.shape_key = shape_key(op, d);
+  auto take = [&](const TunedEntry& e, ConfigSource s, const std::string& from) {
+    x.config = e.winner;
+    x.source = s;
+    x.from_key = from;
+    x.from_file = config_source_name(s);
+    x.entry_us = e.winner_us;
+    x.candidates = e.candidates;
+  };
+  if (!skip_exact && policy != TunePolicy::Always) {
+    ConfigSource s{};
+    if (auto e = cache.lookup(x.shape_key, &s); e && config_valid(op, d, e->winner, nullptr, mc)) {
+      take(*e, s, x.shape_key);
+      x.reason = fmt::format("tuned for this shape key ({}, {:.2f} us)", x.from_file, e->winner_us);
+      return x;
+    }
+  }
+  if (policy == TunePolicy::Never || skip_exact) {
+    auto accept = [&](const std::string& key, const TunedEntry&) { return !(skip_exact && key == x.shape_key); };
+    const auto near = cache.nearest_k(x.shape_key, kNeighbours, accept);
+    std::vector<std::pair<const TunedEntry*, double>> entries;
+    for (const auto& n : near) entries.emplace_back(&n.entry, n.distance);
+    if (auto c = consensus_config(op, d, entries, mc)) {
+      const auto& n = near.front();
+      take(n.entry, ConfigSource::Neighbour, n.key);
+      x.from_file = config_source_name(n.source);
+      x.config = *c;
+      x.reason = fmt::format(
+          "no tuned entry for this shape; the candidate fastest across the {} nearest tuned shapes of its variant "
+          "(nearest: {}, {})",
+          near.size(), n.key, x.from_file);
+      return x;
+    }
+  }
+  x.config = heuristic_config(op, d, mc);
+  x.source = ConfigSource::Heuristic;
+  x.reason = "no tuned entry for this shape or a shape of its variant; the heuristic config";
+  return x;
+}
+
 std::string utc_now() {
   std::time_t t = std::time(nullptr);
   std::tm tm{};

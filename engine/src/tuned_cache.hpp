@@ -179,6 +179,17 @@ class TunedCache {
   std::vector<std::optional<std::map<std::string, TunedEntry>>> shipped_;
 };
 
+/// How a config is resolved from tuned caches (Engine::explain): an exact
+/// entry (unless `skip_exact` or policy Always), then, with policy Never or
+/// `skip_exact`, the consensus of the kNeighbours nearest entries of the
+/// variant (consensus_config), else heuristic_config. Never tunes.
+ConfigExplanation explain_config(TunedCache& cache, Op op, const NormDesc& d, int max_cluster, TunePolicy policy,
+                                 bool skip_exact);
+
+/// Tuned shapes a neighbour config is drawn from: about the N below and above
+/// at the M buckets below and above.
+inline constexpr std::size_t kNeighbours = 4;
+
 /// Now as ISO 8601 UTC ("2026-11-21T06:00:00Z"): TunedEntry::tuned_at.
 std::string utc_now();
 
