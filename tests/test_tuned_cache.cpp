@@ -617,3 +617,36 @@ TEST_CASE("tuned_cache: nearest finds the closest tuned shape of the variant, fp
   CHECK_FALSE(cache.nearest("not a key", all));
   CHECK(w.lines().empty());
 }
+
+TEST_CASE("tuned_cache: a device without entries of its own takes another device's, farther away") {
+  TempDir shipped, user;
+  NormDesc d;
+  d.N = 4096;
+  d.M = 1024;
+  const std::string k = shape_key(Op::Forward, d);
+  DeviceFingerprint h800 = h100();
+  h800.name = "NVIDIA H800";
+  merge_into_tuned_cache_file((fs::path(shipped.str()) / (h800.slug() + ".json")).string(), h800, meta(),
+                              {{k, make_entry("v8.t512.r1", 10)}});
+  merge_into_tuned_cache_file((fs::path(shipped.str()) / (a100().slug() + ".json")).string(), a100(), meta(),
+                              {{k, make_entry("v4.t256.r1", 12)}});
+  Warnings w;
+  TunedCache cache(user.str(), {shipped.str()}, h100(), meta(), w.fn(), by_hash);
+  CHECK_FALSE(cache.lookup(k));  // never an exact hit: the files are not this device's
+  auto all = [](const std::string&, const TunedEntry&) { return true; };
+  const auto near = cache.nearest_k(k, 4, all);
+  REQUIRE(near.size() == 1);  // one entry a key: the nearest device's
+  CHECK(near[0].device == h800.key());
+  CHECK(near[0].distance == doctest::Approx(kOtherDevice));
+  CHECK(near[0].entry.winner == LaunchConfig::parse("v8.t512.r1"));
+  // With an entry of its own for the variant, however far, other devices' are not used.
+  cache.store(shape_key(Op::Forward, [&] {
+                NormDesc o = d;
+                o.N = 8192;  // 1 octave: distance 2 < kOtherDevice
+                return o;
+              }()),
+              make_entry("v8.t1024.r1", 20));
+  const auto again = cache.nearest_k(k, 4, all);
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].device.empty());
+}

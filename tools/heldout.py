@@ -11,6 +11,15 @@ time per shape.
   python3 tools/heldout.py draw --seed 1            # the shapes, no GPU needed
   python3 tools/heldout.py run --seed 1 --normjit build/normjit --out heldout.json
   python3 tools/heldout.py report heldout.json [more.json ...]   # markdown
+  python3 tools/heldout.py score heldout.json --device SLUG [--caches all|others|none]   # no GPU needed
+
+`score` asks `normjit explain --device SLUG` (no GPU) which config each
+held-out shape resolves to now, and reads its time from the row's candidate
+table (every candidate's tuned time on that GPU, kept by `run`): a new rule,
+or a GPU without a shipped cache of its own (`--caches others`: the device's
+own entries are left out, the other devices' stay), or the heuristic alone
+(`--caches none`), is scored without the device. Candidate-table ratios are over the fastest tuned candidate, so they
+read a little higher than the re-timed ratios of `run`.
 
 The draw: N log-uniform in [64, 262144], a multiple of 8 for 3 draws in 4
 (hidden sizes are) and any integer otherwise, never an N of the grid; M
@@ -124,6 +133,44 @@ def report(paths):
     return "\n".join(lines)
 
 
+def score(args):
+    doc = json.load(open(args.json))
+    with tempfile.TemporaryDirectory() as tmp:
+        shipped = os.path.join(tmp, "shipped")
+        os.makedirs(shipped)
+        for f in os.listdir(os.path.join(ROOT, "autotune_cache")):
+            if not f.endswith(".json"):
+                continue
+            src = json.load(open(os.path.join(ROOT, "autotune_cache", f)))
+            own = f == args.device + ".json"
+            if (args.caches == "others" and own) or args.caches == "none":
+                src["entries"] = {}  # the device's facts stay, the entries go
+            json.dump(src, open(os.path.join(shipped, f), "w"))
+        env = dict(os.environ, NORMJIT_BUILTIN_CACHES="0", NORMJIT_SHIPPED_CACHE_PATH=shipped)
+        ratios, sources = [], {}
+        for r in doc["rows"]:
+            if "all" not in r:
+                continue
+            table = {c: t for c, t in r["all"]}
+            best = min(table.values())
+            p = subprocess.run([args.normjit, "--cache-dir", os.path.join(tmp, "user"), "explain", "--device",
+                                args.device, "--op", r["draw"]["op"], "--shape", r["draw"]["shape"]],
+                               capture_output=True, text=True, env=env)
+            if p.returncode != 0:
+                sys.exit(f"normjit explain failed: {p.stdout}{p.stderr}")
+            cfg = next(l.split()[1] for l in p.stdout.splitlines() if l.strip().startswith("config:"))
+            src = next(l.split(":", 1)[1].strip() for l in p.stdout.splitlines() if l.strip().startswith("source:"))
+            sources[src] = sources.get(src, 0) + 1
+            ratio = table[cfg] / best if cfg in table else float("inf")  # not timed there (rejected)
+            ratios.append(ratio)
+            print(f"{r['draw']['op']} {r['draw']['shape']:28} {src:10} {cfg:22} {ratio:.3f}")
+    finite = sorted(ratios)
+    print(f"{doc['gpu']}, {args.device}, caches: {args.caches}: {len(finite)} "
+          f"shapes ({sources}), table ratio median {statistics.median(finite):.3f}, "
+          f"<= 1.05: {sum(x <= 1.05 for x in finite)}/{len(finite)}, not in the table: "
+          f"{sum(x == float('inf') for x in finite)}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -136,12 +183,20 @@ def main():
             p.add_argument("--out", default="heldout.json")
     p = sub.add_parser("report")
     p.add_argument("json", nargs="+")
+    p = sub.add_parser("score")
+    p.add_argument("json")
+    p.add_argument("--device", required=True, help="tuned-cache file name of the held-out run's GPU, without .json")
+    p.add_argument("--caches", choices=["all", "others", "none"], default="all",
+                   help="all shipped entries; only other devices' (a GPU without its own cache); none (the heuristic)")
+    p.add_argument("--normjit", default=os.path.join(ROOT, "build", "normjit"))
     a = ap.parse_args()
     if a.cmd == "draw":
         for s in draw(a.seed, a.count):
             print(s["op"], s["shape"])
     elif a.cmd == "run":
         run(a)
+    elif a.cmd == "score":
+        score(a)
     else:
         print(report(a.json))
 

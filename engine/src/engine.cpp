@@ -57,6 +57,11 @@ EngineOptions EngineOptions::from_env() {
     }
   }
   o.cache_dir = env("NORMJIT_CACHE_DIR");
+  if (auto b = env("NORMJIT_BUILTIN_CACHES"); !b.empty()) {
+    if (b != "0" && b != "1")
+      throw Error(ErrorKind::InvalidArgument, fmt::format("NORMJIT_BUILTIN_CACHES = '{}' is not 0 or 1", b));
+    o.builtin_shipped_caches = b == "1";
+  }
   std::string path = env("NORMJIT_SHIPPED_CACHE_PATH");
   for (std::size_t a = 0; !path.empty() && a <= path.size();) {
     std::size_t b = path.find(':', a);
@@ -87,8 +92,9 @@ struct Engine::Impl {
 
   std::vector<std::string> shipped_dirs() const {
     std::vector<std::string> d = opt.shipped_cache_dirs;
-    for (const char* builtin : {NORMJIT_SOURCE_CACHE_DIR, NORMJIT_INSTALL_CACHE_DIR})
-      if (std::filesystem::is_directory(builtin)) d.push_back(builtin);
+    if (opt.builtin_shipped_caches)
+      for (const char* builtin : {NORMJIT_SOURCE_CACHE_DIR, NORMJIT_INSTALL_CACHE_DIR})
+        if (std::filesystem::is_directory(builtin)) d.push_back(builtin);
     return d;
   }
 

@@ -397,6 +397,18 @@ void TunedCache::load_all() {
   if (!user_) user_ = load_matching(user_file());
   for (std::size_t i = 0; i < shipped_dirs_.size(); ++i)
     if (!shipped_[i]) shipped_[i] = load_matching((fs::path(shipped_dirs_[i]) / (device_.slug() + ".json")).string());
+  if (!foreign_) {
+    foreign_.emplace();
+    std::set<std::string> seen = {device_.key()};
+    for (const auto& dir : shipped_dirs_)
+      for (auto& f : list_tuned_cache_files(dir, [](const std::string&) {}))  // bad files: warned where used
+        if (seen.insert(f.device.key()).second) {
+          Foreign fo{f.device, {}};
+          for (auto& [k, e] : f.entries)
+            if (check_(k, e).empty()) fo.entries.emplace(k, std::move(e));
+          foreign_->push_back(std::move(fo));
+        }
+  }
 }
 
 namespace {
@@ -467,13 +479,39 @@ std::vector<TunedCache::Near> TunedCache::nearest_k(
   scan(memory_, ConfigSource::Memory);
   scan(*user_, ConfigSource::UserCache);
   for (const auto& s : shipped_) scan(*s, ConfigSource::ShippedCache);
-  std::stable_sort(hits.begin(), hits.end(), [](const Hit& a, const Hit& b) { return a.distance < b.distance; });
+  const std::size_t own = hits.size();
+  // Other devices' entries only for a variant this device has none of (its
+  // own neighbours, however far, know its hardware).
+  static const std::vector<Foreign> none;
+  const std::vector<Foreign>& others = own ? none : *foreign_;
+  for (const auto& f : others) {
+    const std::size_t from = hits.size();
+    scan(f.entries, ConfigSource::ShippedCache);
+    const double penalty = kOtherDevice + 2 * std::abs(f.device.cc_major - device_.cc_major) +
+                           (f.device.cc_minor != device_.cc_minor ? 1 : 0);
+    for (std::size_t i = from; i < hits.size(); ++i) hits[i].distance += penalty;
+  }
+  // Which device each foreign hit came from, by position.
+  std::vector<std::string> dev(hits.size());
+  {
+    std::size_t i = own;
+    for (const auto& f : others)
+      for (const auto& [k, e] : f.entries) {
+        (void)e;
+        if (i < hits.size() && hits[i].key == &k) dev[i++] = f.device.key();
+      }
+  }
+  std::vector<std::size_t> order(hits.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return hits[a].distance < hits[b].distance; });
   std::set<std::string> seen;  // a key in several files: the first (memory, user, shipped)
-  for (const Hit& h : hits) {
+  for (std::size_t i : order) {
+    const Hit& h = hits[i];
     if (out.size() == k) break;
     if (seen.count(*h.key) || !accept(*h.key, *h.entry)) continue;
     seen.insert(*h.key);
-    out.push_back({*h.key, *h.entry, h.distance, h.source});
+    out.push_back({*h.key, *h.entry, h.distance, h.source, dev[i]});
   }
   return out;
 }
@@ -571,6 +609,7 @@ ConfigExplanation explain_config(TunedCache& cache, Op op, const NormDesc& d, in
       take(n.entry, ConfigSource::Neighbour, n.key);
       x.from_file = config_source_name(n.source);
       x.config = *c;
+      if (!n.device.empty()) x.from_file += " of " + n.device;
       x.reason = fmt::format(
           "no tuned entry for this shape; the candidate fastest across the {} nearest tuned shapes of its variant "
           "(nearest: {}, {})",

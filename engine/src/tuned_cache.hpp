@@ -148,8 +148,13 @@ class TunedCache {
     TunedEntry entry;
     double distance = 0;
     ConfigSource source = ConfigSource::ShippedCache;
+    std::string device;  ///< the file's device key when tuned on another device, else ""
   };
   /// The `k` nearest accepted entries, nearest first (the order of nearest()).
+  /// For a variant this device has no entry of, shipped files of other
+  /// devices count, farther by kOtherDevice (more for another architecture):
+  /// a GPU without a cache of its own takes a similar GPU's tuned configs
+  /// before the heuristic.
   std::vector<Near> nearest_k(const std::string& key, std::size_t k,
                               const std::function<bool(const std::string&, const TunedEntry&)>& accept);
 
@@ -166,6 +171,11 @@ class TunedCache {
   std::map<std::string, TunedEntry> load_matching(const std::string& path);
   // Caller holds mu_: reads every file not read yet.
   void load_all();
+  struct Foreign {
+    DeviceFingerprint device;
+    std::map<std::string, TunedEntry> entries;
+  };
+  std::optional<std::vector<Foreign>> foreign_;  // shipped files of other devices
 
   std::string user_dir_;
   std::vector<std::string> shipped_dirs_;
@@ -189,6 +199,9 @@ ConfigExplanation explain_config(TunedCache& cache, Op op, const NormDesc& d, in
 /// Tuned shapes a neighbour config is drawn from: about the N below and above
 /// at the M buckets below and above.
 inline constexpr std::size_t kNeighbours = 4;
+/// Distance added to entries tuned on another device of the same compute
+/// capability (plus 2 per major version apart, 1 for another minor).
+inline constexpr double kOtherDevice = 3;
 
 /// Now as ISO 8601 UTC ("2026-11-21T06:00:00Z"): TunedEntry::tuned_at.
 std::string utc_now();

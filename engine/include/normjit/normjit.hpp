@@ -283,13 +283,18 @@ struct EngineOptions {
   /// More directories of shipped tuned caches, searched after the user cache
   /// and before the built-in autotune_cache/ directories.
   std::vector<std::string> shipped_cache_dirs;
+  /// Also search the built-in autotune_cache/ directories (source tree and
+  /// install prefix). false: only `shipped_cache_dirs` (e.g. to see what a
+  /// GPU without a shipped cache of its own gets).
+  bool builtin_shipped_caches = true;
   /// Keep compiled kernels (cubin) on disk between processes.
   bool disk_kernel_cache = true;
   /// Print progress of tuning to stderr.
   bool verbose = false;
 
   /// Options from the environment (NORMJIT_TUNE, NORMJIT_CACHE_DIR,
-  /// NORMJIT_SHIPPED_CACHE_PATH as a ':'-separated list).
+  /// NORMJIT_SHIPPED_CACHE_PATH as a ':'-separated list,
+  /// NORMJIT_BUILTIN_CACHES=0 for builtin_shipped_caches = false).
   static EngineOptions from_env();
 };
 
