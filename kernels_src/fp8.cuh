@@ -1,0 +1,100 @@
+// FP8 (OCP 8-bit floating point, v1.0) conversions: E4M3 ("fn": no
+// infinities, 0x7f/0xff NaN, largest finite 448) and E5M2 (IEEE-like:
+// infinities, largest finite 57344). Encoding rounds to nearest even and
+// saturates to the largest finite value (infinities too); NaN stays NaN.
+// Pure integer arithmetic on the fp32 bits, so it is correct on every
+// architecture and compiles for the host as well (the CPU tests check it
+// against a float64 reference); hermetic like common.cuh (no cuda_fp8.h).
+#pragma once
+
+#if defined(__CUDACC__)
+#define NJ_FP8_FN __host__ __device__ __forceinline__
+#else
+#include <cstring>
+#define NJ_FP8_FN inline
+#endif
+
+namespace nj {
+
+// Bits of a format: exponent and mantissa widths, bias, the largest finite
+// code (sign clear) and the NaN code (sign clear).
+struct Fp8Format {
+  int exp_bits, man_bits, bias;
+  unsigned max_code, nan_code;
+};
+constexpr Fp8Format kE4M3{4, 3, 7, 0x7e, 0x7f};
+constexpr Fp8Format kE5M2{5, 2, 15, 0x7b, 0x7f};
+
+NJ_FP8_FN unsigned fp8_float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  unsigned u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+NJ_FP8_FN float fp8_bits_float(unsigned u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
+// `v` >> `shift` rounded to nearest, ties to even (shift in [1, 31]).
+NJ_FP8_FN unsigned fp8_shift_rne(unsigned v, int shift) {
+  const unsigned q = v >> shift, rem = v & ((1u << shift) - 1), half = 1u << (shift - 1);
+  return q + ((rem > half || (rem == half && (q & 1u))) ? 1u : 0u);
+}
+
+// fp32 -> FP8 code of format `F`.
+NJ_FP8_FN unsigned char fp32_to_fp8(float x, const Fp8Format& F) {
+  const unsigned bits = fp8_float_bits(x);
+  const unsigned sign = (bits >> 24) & 0x80u;
+  const unsigned mag = bits & 0x7fffffffu;
+  if (mag > 0x7f800000u) return static_cast<unsigned char>(sign | F.nan_code);  // NaN
+  const int e32 = static_cast<int>(mag >> 23);  // biased fp32 exponent; 255: infinity (saturates below)
+  const int e = e32 - 127;                      // unbiased
+  const int emin = 1 - F.bias;                  // smallest normal exponent of the format
+  unsigned code;
+  if (e32 == 0) {
+    code = 0;  // fp32 subnormals are far below half the smallest FP8 subnormal
+  } else if (e > F.bias + 1) {
+    code = F.max_code;  // well past the largest finite (and infinity): saturate
+  } else if (e >= emin) {
+    // Normal: round the 23-bit mantissa to man_bits; a carry bumps the exponent.
+    const unsigned m = fp8_shift_rne(mag & 0x7fffffu, 23 - F.man_bits);
+    code = (static_cast<unsigned>(e - emin + 1) << F.man_bits) + m;
+  } else {
+    // Subnormal: the significand in units of the smallest subnormal,
+    // 2^(emin - man_bits); rounding up to 2^man_bits gives the smallest normal.
+    const int shift = 23 - F.man_bits + (emin - e);
+    const unsigned sig = (mag & 0x7fffffu) | 0x800000u;
+    code = shift > 31 ? 0u : fp8_shift_rne(sig, shift);
+  }
+  if (code > F.max_code) code = F.max_code;
+  return static_cast<unsigned char>(sign | code);
+}
+
+// FP8 code of format `F` -> fp32 (exact).
+NJ_FP8_FN float fp8_to_fp32(unsigned char q, const Fp8Format& F) {
+  const unsigned sign = (static_cast<unsigned>(q) & 0x80u) << 24;
+  const unsigned mag = static_cast<unsigned>(q) & 0x7fu;
+  const unsigned exp = mag >> F.man_bits, man = mag & ((1u << F.man_bits) - 1);
+  if (F.exp_bits == 4 ? mag == 0x7fu : exp == 0x1fu) {
+    // E4M3: one NaN; E5M2: infinity (mantissa 0) or NaN.
+    return fp8_bits_float(sign | (F.exp_bits == 5 && man == 0 ? 0x7f800000u : 0x7fc00000u));
+  }
+  if (exp == 0) {
+    // Subnormal: man * 2^(1 - bias - man_bits), built from the fp32 bits of
+    // the power of two (exact: man < 8).
+    const float unit = fp8_bits_float(static_cast<unsigned>(127 + 1 - F.bias - F.man_bits) << 23);
+    return fp8_bits_float(sign | fp8_float_bits(static_cast<float>(man) * unit));
+  }
+  return fp8_bits_float(sign | ((exp + 127 - F.bias) << 23) | (man << (23 - F.man_bits)));
+}
+
+}  // namespace nj

@@ -1,0 +1,124 @@
+// FP8 conversions of kernels_src/fp8.cuh, compiled for the host: every code
+// decodes to the OCP value; encoding rounds to nearest even against a float64
+// reference (at every midpoint, just either side, random values), saturates,
+// keeps NaN; the header compiles with NVRTC for sm_80 and sm_90.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "fp8.cuh"
+#include "kernel_sources.hpp"
+#include "nvrtc.hpp"
+#include "specialization.hpp"
+
+namespace {
+
+struct Fmt {
+  const char* name;
+  nj::Fp8Format f;
+  double max_finite;
+};
+const Fmt kFormats[] = {{"e4m3", nj::kE4M3, 448.0}, {"e5m2", nj::kE5M2, 57344.0}};
+
+// The OCP value of a code, from the definition (float64).
+double ocp_value(unsigned code, const nj::Fp8Format& f) {
+  const int s = code >> 7, e = (code >> f.man_bits) & ((1 << f.exp_bits) - 1), m = code & ((1 << f.man_bits) - 1);
+  const double sign = s ? -1.0 : 1.0;
+  if (f.exp_bits == 4 && (code & 0x7f) == 0x7f) return std::numeric_limits<double>::quiet_NaN();
+  if (f.exp_bits == 5 && e == 31) return m ? std::numeric_limits<double>::quiet_NaN() : sign * INFINITY;
+  if (e == 0) return sign * std::ldexp(m, 1 - f.bias - f.man_bits);
+  return sign * std::ldexp(1.0 + m / double(1 << f.man_bits), e - f.bias);
+}
+
+// Reference encoder in float64: the nearest finite code, ties to the even
+// code, saturating beyond the largest finite value; NaN -> NaN.
+unsigned ref_encode(double x, const nj::Fp8Format& f) {
+  if (std::isnan(x)) return f.nan_code | (std::signbit(x) ? 0x80u : 0u);
+  const unsigned sign = std::signbit(x) ? 0x80u : 0u;
+  const double a = std::fabs(x);
+  if (a >= ocp_value(f.max_code, f)) return sign | f.max_code;  // saturate (distances to huge values tie in float64)
+  unsigned best = 0;
+  double best_d = INFINITY;
+  for (unsigned c = 0; c <= f.max_code; ++c) {
+    const double d = std::fabs(ocp_value(c, f) - a);
+    if (d < best_d || (d == best_d && (c & 1u) == 0)) {
+      best = c;
+      best_d = d;
+    }
+  }
+  return sign | best;
+}
+
+}  // namespace
+
+TEST_CASE("fp8: every code decodes to its OCP value") {
+  for (const auto& F : kFormats) {
+    CAPTURE(F.name);
+    for (unsigned c = 0; c < 256; ++c) {
+      CAPTURE(c);
+      const double want = ocp_value(c, F.f);
+      const float got = nj::fp8_to_fp32(static_cast<unsigned char>(c), F.f);
+      if (std::isnan(want)) {
+        CHECK(std::isnan(got));
+      } else {
+        CHECK(static_cast<double>(got) == want);
+        CHECK(std::signbit(got) == bool(c & 0x80));
+      }
+    }
+    CHECK(nj::fp8_to_fp32(static_cast<unsigned char>(F.f.max_code), F.f) == F.max_finite);
+  }
+}
+
+TEST_CASE("fp8: encoding rounds to nearest even at every midpoint and saturates") {
+  for (const auto& F : kFormats) {
+    CAPTURE(F.name);
+    std::vector<double> values;
+    for (unsigned c = 0; c < F.f.max_code; ++c) {
+      const double lo = ocp_value(c, F.f), hi = ocp_value(c + 1, F.f), mid = (lo + hi) / 2;
+      for (double v : {lo, hi, mid, std::nextafter(mid, 0.0), std::nextafter(mid, INFINITY)}) {
+        values.push_back(v);
+        values.push_back(-v);
+      }
+    }
+    for (double v : {F.max_finite, F.max_finite * 1.0625, F.max_finite * 1.2, 1e30, double(INFINITY), 1e-30, 1e-45, 0.0})
+      for (double s : {1.0, -1.0}) values.push_back(s * v);
+    std::mt19937_64 rng(11);
+    for (int i = 0; i < 200000; ++i) {
+      const double mag = std::ldexp(std::uniform_real_distribution<double>(1, 2)(rng),
+                                    std::uniform_int_distribution<int>(-24, 20)(rng));
+      values.push_back(rng() & 1 ? mag : -mag);
+    }
+    for (double v : values) {
+      const float x = static_cast<float>(v);  // the kernels encode fp32
+      CAPTURE(v);
+      CHECK(nj::fp32_to_fp8(x, F.f) == ref_encode(static_cast<double>(x), F.f));
+    }
+    // Saturation and NaN.
+    CHECK(nj::fp32_to_fp8(INFINITY, F.f) == F.f.max_code);
+    CHECK(nj::fp32_to_fp8(-INFINITY, F.f) == (0x80u | F.f.max_code));
+    CHECK(std::isnan(nj::fp8_to_fp32(nj::fp32_to_fp8(NAN, F.f), F.f)));
+    // Round trip of every finite code.
+    for (unsigned c = 0; c < 256; ++c) {
+      const float v = nj::fp8_to_fp32(static_cast<unsigned char>(c), F.f);
+      if (!std::isnan(v) && !std::isinf(v)) CHECK(nj::fp32_to_fp8(v, F.f) == c);
+    }
+  }
+}
+
+TEST_CASE("fp8: the header compiles with NVRTC for sm_80 and sm_90") {
+  const std::string src = R"(#include "fp8.cuh"
+extern "C" __global__ void fp8_roundtrip(const float* x, unsigned char* q, float* y, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) { q[i] = nj::fp32_to_fp8(x[i], nj::kE4M3); y[i] = nj::fp8_to_fp32(q[i], nj::kE5M2); }
+})";
+  for (const char* arch : {"sm_80", "sm_90"}) {
+    CAPTURE(arch);
+    const auto k = normjit::detail::compile_cubin(src, "fp8.cu", normjit::detail::kernel_sources(),
+                                                  normjit::detail::nvrtc_options(), "fp8_roundtrip", arch);
+    CHECK(!k.cubin.empty());
+  }
+}
