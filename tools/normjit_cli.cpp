@@ -94,6 +94,13 @@ std::string fmt_bytes(double b) {
 
 // ---- tune -------------------------------------------------------------------
 
+// Fastest first; rejected candidates (no time) last, in their order.
+void sort_by_time(std::vector<CandidateTiming>& c) {
+  std::stable_sort(c.begin(), c.end(), [](const CandidateTiming& a, const CandidateTiming& b) {
+    return (a.median_us > 0 ? a.median_us : 1e30) < (b.median_us > 0 ? b.median_us : 1e30);
+  });
+}
+
 // Medians of each config on `d`, timed in rounds that alternate between the
 // configs (so a drift in clocks or temperature reaches both alike).
 std::vector<double> time_configs(Op op, const NormDesc& d, const std::vector<LaunchConfig>& cfgs, KernelCache& jit,
@@ -258,9 +265,7 @@ int cmd_tune_grid(Engine& engine, const std::string& grid_path, bool list, doubl
           TuneResult r = autotune(g.op, d, dev, jit, {}, o);
           start = r.winner;
           // The record keeps the eight fastest candidates and every rejection.
-          std::stable_sort(r.candidates.begin(), r.candidates.end(), [](const auto& a, const auto& b) {
-            return (a.median_us > 0 ? a.median_us : 1e30) < (b.median_us > 0 ? b.median_us : 1e30);
-          });
+          sort_by_time(r.candidates);
           std::vector<CandidateTiming> keep;
           for (const auto& c : r.candidates)
             if (c.median_us <= 0 || keep.size() < 8) keep.push_back(c);
@@ -331,9 +336,7 @@ int cmd_explain(Engine& engine, const ShapeOptions& so, const std::string& devic
       if (!x.candidates.empty()) {
         fmt::print("  candidates of that entry (tuned times, us):\n");
         auto c = x.candidates;
-        std::stable_sort(c.begin(), c.end(), [](const auto& a, const auto& b) {
-          return (a.median_us > 0 ? a.median_us : 1e30) < (b.median_us > 0 ? b.median_us : 1e30);
-        });
+        sort_by_time(c);
         for (const auto& t : c)
           fmt::print("    {:<20} {}\n", t.config.str(),
                      t.median_us > 0 ? fmt::format("{:9.2f}", t.median_us) : "rejected: " + t.rejected);
