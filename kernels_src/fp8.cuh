@@ -98,3 +98,71 @@ NJ_FP8_FN float fp8_to_fp32(unsigned char q, const Fp8Format& F) {
 }
 
 }  // namespace nj
+
+#if defined(__CUDACC__)
+// Device storage types and conversions for the kernels. sm_89+ (Ada,
+// Hopper) converts in hardware, two values per instruction; older GPUs use
+// the integer conversions above, which give the same codes (.satfinite:
+// saturate, NaN kept).
+#include "common.cuh"
+
+namespace nj {
+
+struct e4m3_t { unsigned char bits; };
+struct e5m2_t { unsigned char bits; };
+
+// The largest finite value and the exponent of the largest power of two
+// (emax, for MX shared exponents) of a format.
+template <class T> struct Fp8Limits;
+template <> struct Fp8Limits<e4m3_t> {
+  static constexpr float MAX = 448.f;
+  static constexpr int EMAX = 8;
+};
+template <> struct Fp8Limits<e5m2_t> {
+  static constexpr float MAX = 57344.f;
+  static constexpr int EMAX = 15;
+};
+
+__device__ __forceinline__ float to_float(e4m3_t v) {
+#if __CUDA_ARCH__ >= 890
+  unsigned h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(static_cast<unsigned short>(v.bits)));
+  return to_float(half_t{static_cast<unsigned short>(h2 & 0xffffu)});
+#else
+  return fp8_to_fp32(v.bits, kE4M3);
+#endif
+}
+__device__ __forceinline__ float to_float(e5m2_t v) {
+  // E5M2 is the top byte of an fp16: widening is a shift on every GPU.
+  return to_float(half_t{static_cast<unsigned short>(static_cast<unsigned>(v.bits) << 8)});
+}
+
+// Two floats to two codes packed in 16 bits (lo in the low byte).
+template <class T> __device__ __forceinline__ unsigned short fp8x2(float lo, float hi);
+template <> __device__ __forceinline__ unsigned short fp8x2<e4m3_t>(float lo, float hi) {
+#if __CUDA_ARCH__ >= 890
+  unsigned short p;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(p) : "f"(hi), "f"(lo));
+  return p;
+#else
+  return static_cast<unsigned short>(fp32_to_fp8(lo, kE4M3) | (fp32_to_fp8(hi, kE4M3) << 8));
+#endif
+}
+template <> __device__ __forceinline__ unsigned short fp8x2<e5m2_t>(float lo, float hi) {
+#if __CUDA_ARCH__ >= 890
+  unsigned short p;
+  asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(p) : "f"(hi), "f"(lo));
+  return p;
+#else
+  return static_cast<unsigned short>(fp32_to_fp8(lo, kE5M2) | (fp32_to_fp8(hi, kE5M2) << 8));
+#endif
+}
+template <> __device__ __forceinline__ e4m3_t from_float<e4m3_t>(float f) {
+  return {static_cast<unsigned char>(fp8x2<e4m3_t>(f, 0.f) & 0xffu)};
+}
+template <> __device__ __forceinline__ e5m2_t from_float<e5m2_t>(float f) {
+  return {static_cast<unsigned char>(fp8x2<e5m2_t>(f, 0.f) & 0xffu)};
+}
+
+}  // namespace nj
+#endif

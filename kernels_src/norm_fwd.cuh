@@ -5,18 +5,24 @@
 //   y     = round_y(xhat * (w + W_OFFSET) + b),  xhat = (h - mean) * rstd
 // in fp32 (LLAMA: xhat rounded to x_t before the weight), rounded once to y.
 //
+// FP8: an FP8 x is dequantized on load (x = q * x_scale[row, col / XGROUP]);
+// a quantized y (QUANT, see quant.cuh) is written as FP8 codes with its
+// scales, and optionally y unquantized (STORE_YHP) and q transposed (STORE_YT).
+//
 // Specialised by a prelude that defines `struct Spec` before including this
-// file: using x_t, y_t, w_t, r_t, ro_t, h_t, index_t; constexpr int N, VEC,
-// TPR, ROWS, CLUSTER; constexpr bool LAYERNORM, TWO_PASS, STORE_RSTD, STORE_MEAN,
-// HAS_W, HAS_B, RESIDUAL, STORE_RES, ROUND_RES, LLAMA, HEADS; constexpr float
-// W_OFFSET. h_t is the type a cached row is kept in (x_t, r_t when the sum is
-// rounded, else float). One program (CTA) of TPR * ROWS threads normalises
+// file: using x_t, y_t, w_t, r_t, ro_t, h_t, yhp_t, index_t; constexpr int N,
+// VEC, TPR, ROWS, CLUSTER, QUANT, QGROUP, XGROUP; constexpr bool LAYERNORM,
+// TWO_PASS, STORE_RSTD, STORE_MEAN, HAS_W, HAS_B, RESIDUAL, STORE_RES,
+// ROUND_RES, LLAMA, HEADS, UE8M0, COLMAJOR, STORE_YHP, STORE_YT; constexpr
+// float W_OFFSET. h_t is the type a cached row is kept in (x_t, r_t when the
+// sum is rounded, else float; float for an FP8 x). One program (CTA) of TPR * ROWS threads normalises
 // ROWS rows at a time; with CLUSTER > 1, the CLUSTER CTAs of a cluster
 // normalise one row, each holding a slice of it in registers (wide rows read
 // once, or a decode row spread over several SMs).
 #pragma once
 #include "common.cuh"
 #include "norm_args.cuh"
+#include "quant.cuh"
 
 namespace nj {
 
@@ -27,26 +33,47 @@ template <class S> struct FwdRow {
   const typename S::r_t* r;
   typename S::ro_t* ro;
   typename S::y_t* y;
+  typename S::yhp_t* yhp;  // STORE_YHP
+  typename S::y_t* yt;     // STORE_YT: this row's column of the [N, M] transpose
+  const float* xs;         // FP8 x: this row's scales
+  long long M;
 
-  __device__ __forceinline__ FwdRow(const NormArgs& a, long long row) {
+  __device__ __forceinline__ FwdRow(const NormArgs& a, const QuantArgs& q, long long row) {
+    const index_t yo = row_offset<S::HEADS, index_t>(row, a.y_ld, a.y_hs, a.heads);
     x = static_cast<const typename S::x_t*>(a.x) + row_offset<S::HEADS, index_t>(row, a.x_ld, a.x_hs, a.heads);
-    y = static_cast<typename S::y_t*>(a.y) + row_offset<S::HEADS, index_t>(row, a.y_ld, a.y_hs, a.heads);
+    y = static_cast<typename S::y_t*>(a.y) + yo;
     r = static_cast<const typename S::r_t*>(a.residual) + (S::RESIDUAL ? (index_t)row * (index_t)a.res_ld : 0);
     ro = static_cast<typename S::ro_t*>(a.residual_out) + (S::STORE_RES ? (index_t)row * (index_t)a.res_out_ld : 0);
+    yhp = static_cast<typename S::yhp_t*>(q.y_hp) + (S::STORE_YHP ? yo : 0);
+    yt = static_cast<typename S::y_t*>(q.y_t) + (S::STORE_YT ? row : 0);
+    xs = q.x_scale + (S::XGROUP > 0 ? (index_t)row * (S::N / (S::XGROUP > 0 ? S::XGROUP : 1)) : 0);
+    M = a.M;
+  }
+
+  // x of one chunk in fp32: an FP8 x times its group's scale (a chunk lies
+  // in one group: VEC divides XGROUP).
+  __device__ __forceinline__ float x_at(const Vec<typename S::x_t, S::VEC>& xv, int k, float xscale) const {
+    if constexpr (S::XGROUP > 0) return to_float(xv.v[k]) * xscale;
+    else return to_float(xv.v[k]);
   }
 
   // The chunk of h at `col`, and (first_pass) h written to residual_out.
   __device__ __forceinline__ Vec<typename S::h_t, S::VEC> load_h(int col, bool exact, bool first_pass) const {
     const Vec<typename S::x_t, S::VEC> xv = load_chunk<S::N, S::VEC>(x, col, exact);
     Vec<typename S::h_t, S::VEC> h;
-    if constexpr (!S::RESIDUAL) {
+    float xscale = 1.f;
+    if constexpr (S::XGROUP > 0) xscale = xs[col / (S::XGROUP > 0 ? S::XGROUP : 1)];
+    if constexpr (!S::RESIDUAL && S::XGROUP == 0) {
       h = xv;
+    } else if constexpr (!S::RESIDUAL) {
+#pragma unroll
+      for (int k = 0; k < S::VEC; ++k) h.v[k] = from_float<typename S::h_t>(x_at(xv, k, xscale));
     } else {
       const Vec<typename S::r_t, S::VEC> rv = load_chunk<S::N, S::VEC>(r, col, exact);
       Vec<typename S::ro_t, S::VEC> out;
 #pragma unroll
       for (int k = 0; k < S::VEC; ++k) {
-        float sum = to_float(xv.v[k]) + to_float(rv.v[k]);
+        float sum = x_at(xv, k, xscale) + to_float(rv.v[k]);
         if constexpr (S::ROUND_RES) sum = round_to<typename S::r_t>(sum);
         h.v[k] = from_float<typename S::h_t>(sum);
         out.v[k] = from_float<typename S::ro_t>(sum);
@@ -56,22 +83,46 @@ template <class S> struct FwdRow {
     return h;
   }
 
-  // y of one chunk of h, given that chunk's weight and bias; the mean is
-  // shift + m (see norm_fwd), kept apart so that h - mean loses nothing when
-  // the mean is large.
-  __device__ __forceinline__ void store_y(int col, bool exact, const Vec<typename S::h_t, S::VEC>& h, float shift,
-                                          float m, float rstd, const Vec<typename S::w_t, S::VEC>& wv,
-                                          const Vec<typename S::w_t, S::VEC>& bv) const {
-    Vec<typename S::y_t, S::VEC> yv;
+  // y of one chunk of h in fp32, given that chunk's weight and bias; the
+  // mean is shift + m (see norm_fwd), kept apart so that h - mean loses
+  // nothing when the mean is large.
+  __device__ __forceinline__ void y_values(const Vec<typename S::h_t, S::VEC>& h, float shift, float m, float rstd,
+                                           const Vec<typename S::w_t, S::VEC>& wv,
+                                           const Vec<typename S::w_t, S::VEC>& bv, float (&v)[S::VEC]) const {
 #pragma unroll
     for (int k = 0; k < S::VEC; ++k) {
-      float v = ((to_float(h.v[k]) - shift) - m) * rstd;
-      if constexpr (S::LLAMA) v = round_to<typename S::x_t>(v);  // normalised row in the input dtype
-      if constexpr (S::HAS_W) v *= to_float(wv.v[k]) + S::W_OFFSET;
-      if constexpr (S::HAS_B) v += to_float(bv.v[k]);
-      yv.v[k] = from_float<typename S::y_t>(v);
+      v[k] = ((to_float(h.v[k]) - shift) - m) * rstd;
+      if constexpr (S::LLAMA) v[k] = round_to<typename S::x_t>(v[k]);  // normalised row in the input dtype
+      if constexpr (S::HAS_W) v[k] *= to_float(wv.v[k]) + S::W_OFFSET;
+      if constexpr (S::HAS_B) v[k] += to_float(bv.v[k]);
     }
-    store_chunk<S::N, S::VEC>(y, col, yv, exact);
+  }
+
+  // Stores one chunk of y: rounded to y_t, or quantized with `inv` = 1 /
+  // scale (and y_hp, the transpose).
+  __device__ __forceinline__ void store_y(int col, bool exact, const float (&v)[S::VEC], long long row,
+                                          float inv) const {
+    if constexpr (S::QUANT == Q_NONE) {
+      Vec<typename S::y_t, S::VEC> yv;
+#pragma unroll
+      for (int k = 0; k < S::VEC; ++k) yv.v[k] = from_float<typename S::y_t>(v[k]);
+      store_chunk<S::N, S::VEC>(y, col, yv, exact);
+    } else {
+      const Vec<typename S::y_t, S::VEC> qv = quantize<typename S::y_t>(v, inv);
+      store_chunk<S::N, S::VEC>(y, col, qv, exact);
+      if constexpr (S::STORE_YHP) {
+        Vec<typename S::yhp_t, S::VEC> hv;
+#pragma unroll
+        for (int k = 0; k < S::VEC; ++k) hv.v[k] = from_float<typename S::yhp_t>(v[k]);
+        store_chunk<S::N, S::VEC>(yhp, col, hv, exact);
+      }
+      if constexpr (S::STORE_YT) {
+        // Column j of this row is element (j, row) of the [N, M] transpose.
+#pragma unroll
+        for (int k = 0; k < S::VEC; ++k)
+          if (exact || col + k < S::N) yt[(long long)(col + k) * M] = qv.v[k];
+      }
+    }
   }
 };
 
@@ -85,17 +136,73 @@ __device__ __forceinline__ void load_wb(const NormArgs& a, int col, bool exact, 
 
 }  // namespace nj
 
-// A template, so that `if constexpr` discards the paths a Spec does not take.
-template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& a) {
+// Scales of a quantized y that a whole row (Token) or tensor (Tensor,
+// TensorStatic) shares: 1 / scale, from the row's amax for Token.
+template <class S>
+__device__ __forceinline__ float shared_inv_scale(const nj::QuantArgs& q, float row_amax, bool lane0, long long row) {
+  using y_t = typename S::y_t;
+  if constexpr (S::QUANT == nj::Q_TENSOR_STATIC) {
+    return 1.f / *static_cast<const float*>(q.scale);
+  } else if constexpr (S::QUANT == nj::Q_TENSOR) {
+    // Phase 1: the amax phase 0 left; every program derives the same scale.
+    const float sc = nj::scale_of<y_t>(*q.amax);
+    if (lane0 && row == 0) *static_cast<float*>(q.scale) = sc;
+    return 1.f / sc;
+  } else if constexpr (S::QUANT == nj::Q_TOKEN) {
+    float sc = nj::scale_of<y_t>(row_amax);
+    if (q.scale_ub > 0.f) sc = fminf(sc, q.scale_ub);
+    if (lane0) static_cast<float*>(q.scale)[row] = sc;
+    return 1.f / sc;
+  } else {
+    return 1.f;
+  }
+}
+
+// Group and MX scales: the chunk's values `v` at column `col` of row `row`;
+// the LANES = QGROUP / VEC lanes of a group meet in group_max (all of them
+// call this together). Returns 1 / scale; the group's first lane writes it.
+template <class S>
+__device__ __forceinline__ float group_inv_scale(const nj::QuantArgs& q, const float (&v)[S::VEC], int col,
+                                                 long long row, long long M) {
+  using y_t = typename S::y_t;
+  constexpr int LANES = S::QGROUP / S::VEC;
+  float am = 0.f;
+#pragma unroll
+  for (int k = 0; k < S::VEC; ++k) am = fmaxf(am, fabsf(v[k]));
+  am = nj::group_max<LANES>(am);
+  const bool first = (col / S::VEC) % LANES == 0;
+  const long long g = col / S::QGROUP;
+  if constexpr (S::QUANT == nj::Q_MX) {
+    const int e = nj::mx_exponent<y_t>(am);
+    if (first) static_cast<unsigned char*>(q.scale)[row * (S::N / S::QGROUP) + g] = static_cast<unsigned char>(e + 127);
+    return nj::exp2i(-e);
+  } else {
+    float sc = nj::scale_of<y_t>(am);
+    if constexpr (S::UE8M0) sc = nj::pow2_ceil(sc);
+    if (first) static_cast<float*>(q.scale)[S::COLMAJOR ? g * q.scale_ld + row : row * (S::N / S::QGROUP) + g] = sc;
+    return 1.f / sc;
+  }
+}
+
+// One program's ROWS rows (`group` of them), or with CLUSTER > 1 the
+// cluster's row. Tensor quantization, phase 0: only the rows' amax, into
+// amax_acc (nothing is stored).
+template <class S>
+__device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::QuantArgs& q, long long group,
+                                              float& amax_acc) {
   using h_t = typename S::h_t;
   using w_t = typename S::w_t;
   constexpr int C = S::CLUSTER;
   using L = nj::RowLayout<S::N, S::VEC, S::TPR, C>;
   static_assert(C == 1 || (S::ROWS == 1 && !S::TWO_PASS), "a cluster shares one row held in registers");
+  static_assert(C == 1 || S::QUANT == nj::Q_NONE, "quantized rows are not split over a cluster");
+  constexpr bool GROUPED = S::QUANT == nj::Q_GROUP || S::QUANT == nj::Q_MX;
+  constexpr bool ROW_AMAX = S::QUANT == nj::Q_TOKEN || S::QUANT == nj::Q_TENSOR;
   // Sums per reduction: one (register rows: sum of squares, or LayerNorm's
   // sum then squared deviations), two (two-pass rows: both at once).
   constexpr int K = S::TWO_PASS ? 2 : 1;
   __shared__ float red[S::ROWS][nj::kWarpsPerRow<S::TPR>][K];
+  __shared__ float redmax[ROW_AMAX ? S::ROWS : 1][nj::kWarpsPerRow<S::TPR>];
 
   const int lane = threadIdx.x % S::TPR;
   long long row;
@@ -104,8 +211,10 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
     row = nj::cluster_id();
     c0 = static_cast<int>(nj::cluster_rank()) * L::SLICE;
   } else {
-    row = (long long)blockIdx.x * S::ROWS + threadIdx.x / S::TPR;
+    row = group * S::ROWS + threadIdx.x / S::TPR;
   }
+  // Tensor scaling's first launch only measures.
+  const bool measure = S::QUANT == nj::Q_TENSOR && q.phase == 0;
   const nj::ThreadCols<S::N, S::VEC, S::TPR, C> tc{c0, lane};
   // Cluster rows exchange one value per CTA (RMSNorm: the sum of squares;
   // LayerNorm: the slice's sum and M2). Set up before the loads, so the
@@ -116,7 +225,7 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
   if constexpr (C > 1) xc.init();
   // Rows past M still take part in the reductions' barriers; they only skip memory.
   const bool valid = row < a.M;
-  const nj::FwdRow<S> R(a, valid ? row : 0);
+  const nj::FwdRow<S> R(a, q, valid ? row : 0);
   constexpr float inv_n = 1.0f / S::N;
   // LayerNorm sums are shifted by the row's first element, so a large mean
   // (1e4, say) does not cancel away the variance: mean = shift + m with m of
@@ -137,7 +246,7 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
     for (int i = 0; i < L::ITERS; ++i) {
       const int col = tc.col(i);
       if (valid && tc.in(i)) {
-        hv[i] = R.load_h(col, L::EXACT, true);
+        hv[i] = R.load_h(col, L::EXACT, !measure);
         if constexpr (PREFETCH_WB) nj::load_wb<S>(a, col, L::EXACT, wv[i], bv[i]);
       } else {
 #pragma unroll
@@ -189,18 +298,48 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
       s[0] = nj::warp_sum(s[0]);
     }
     rstd = rsqrtf(s[0] * inv_n + a.eps);
+    auto chunk_y = [&](int i, float (&v)[S::VEC]) {
+      nj::Vec<w_t, S::VEC> w, b;
+      if constexpr (PREFETCH_WB) {
+        w = wv[i];
+        b = bv[i];
+      } else {
+        nj::load_wb<S>(a, tc.col(i), L::EXACT, w, b);
+      }
+      R.y_values(hv[i], shift, m, rstd, w, b, v);
+    };
+    float row_amax = 0.f;
+    if constexpr (ROW_AMAX) {
+      // Token and tensor scales need the row's amax before its first store.
+      if (S::QUANT == nj::Q_TOKEN || measure) {
+#pragma unroll
+        for (int i = 0; i < L::ITERS; ++i) {
+          if (valid && tc.in(i)) {
+            float v[S::VEC];
+            chunk_y(i, v);
+#pragma unroll
+            for (int k = 0; k < S::VEC; ++k)
+              if (L::EXACT || tc.col(i) + k < S::N) row_amax = fmaxf(row_amax, fabsf(v[k]));
+          }
+        }
+      }
+      if (measure) {
+        amax_acc = fmaxf(amax_acc, row_amax);
+        return;
+      }
+      if constexpr (S::QUANT == nj::Q_TOKEN) row_amax = nj::row_max<S::TPR, S::ROWS>(row_amax, redmax);
+    }
+    const float inv = shared_inv_scale<S>(q, row_amax, valid && lane == 0, row);
 #pragma unroll
     for (int i = 0; i < L::ITERS; ++i) {
       const int col = tc.col(i);
+      // A group's lanes share `valid` and `in` (groups divide N): they meet in group_max together.
       if (valid && tc.in(i)) {
-        nj::Vec<w_t, S::VEC> w, b;
-        if constexpr (PREFETCH_WB) {
-          w = wv[i];
-          b = bv[i];
-        } else {
-          nj::load_wb<S>(a, col, L::EXACT, w, b);
-        }
-        R.store_y(col, L::EXACT, hv[i], shift, m, rstd, w, b);
+        float v[S::VEC];
+        chunk_y(i, v);
+        float gi = inv;
+        if constexpr (GROUPED) gi = group_inv_scale<S>(q, v, col, row, a.M);
+        R.store_y(col, L::EXACT, v, row, gi);
       }
     }
   } else {
@@ -213,7 +352,7 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
       if constexpr (S::LAYERNORM) shift = nj::to_float(R.load_h(0, false, false).v[0]);
 #pragma unroll 4
       for (int c = lane; c < L::CHUNKS; c += S::TPR) {
-        const auto hv = R.load_h(c * S::VEC, L::EXACT, true);
+        const auto hv = R.load_h(c * S::VEC, L::EXACT, !measure);
 #pragma unroll
         for (int k = 0; k < S::VEC; ++k) {
           const float d = nj::to_float(hv.v[k]) - shift;
@@ -231,12 +370,41 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
       var = fmaxf(var - m * m, 0.f);
     }
     rstd = rsqrtf(var + a.eps);
+    auto chunk_y = [&](int c, float (&v)[S::VEC]) {
+      nj::Vec<w_t, S::VEC> w, b;
+      nj::load_wb<S>(a, c * S::VEC, L::EXACT, w, b);
+      R.y_values(R.load_h(c * S::VEC, L::EXACT, false), shift, m, rstd, w, b, v);
+    };
+    float row_amax = 0.f;
+    if constexpr (ROW_AMAX) {
+      // One more pass over the row (from L2) for its amax.
+      if (valid && (S::QUANT == nj::Q_TOKEN || measure)) {
+#pragma unroll 4
+        for (int c = lane; c < L::CHUNKS; c += S::TPR) {
+          float v[S::VEC];
+          chunk_y(c, v);
+#pragma unroll
+          for (int k = 0; k < S::VEC; ++k)
+            if (L::EXACT || c * S::VEC + k < S::N) row_amax = fmaxf(row_amax, fabsf(v[k]));
+        }
+      }
+      if (measure) {
+        amax_acc = fmaxf(amax_acc, row_amax);
+        return;
+      }
+      if constexpr (S::QUANT == nj::Q_TOKEN) row_amax = nj::row_max<S::TPR, S::ROWS>(row_amax, redmax);
+    }
+    const float inv = shared_inv_scale<S>(q, row_amax, valid && lane == 0, row);
     if (valid) {
+      // A group's lanes run the same iterations (TPR and the chunk count are
+      // multiples of the lanes of a group), so they meet in group_max.
 #pragma unroll 4
       for (int c = lane; c < L::CHUNKS; c += S::TPR) {
-        nj::Vec<w_t, S::VEC> w, b;
-        nj::load_wb<S>(a, c * S::VEC, L::EXACT, w, b);
-        R.store_y(c * S::VEC, L::EXACT, R.load_h(c * S::VEC, L::EXACT, false), shift, m, rstd, w, b);
+        float v[S::VEC];
+        chunk_y(c, v);
+        float gi = inv;
+        if constexpr (GROUPED) gi = group_inv_scale<S>(q, v, c * S::VEC, row, a.M);
+        R.store_y(c * S::VEC, L::EXACT, v, row, gi);
       }
     }
   }
@@ -246,6 +414,22 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(Spec::TPR * Spec::ROWS) normjit_norm_fwd(const nj::NormArgs a) {
-  norm_fwd<Spec>(a);
+// A template, so that `if constexpr` discards the paths a Spec does not take.
+// Programs stride over the row groups: one each in an ordinary launch; the
+// measuring launch of tensor scaling runs a resident-sized grid, so that
+// few programs meet in the one atomic amax.
+template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& a, const nj::QuantArgs& q) {
+  float amax_acc = 0.f;
+  if constexpr (S::CLUSTER > 1) {
+    norm_fwd_rows<S>(a, q, 0, amax_acc);
+  } else {
+    for (long long g = blockIdx.x; g * S::ROWS < a.M; g += gridDim.x) norm_fwd_rows<S>(a, q, g, amax_acc);
+  }
+  if constexpr (S::QUANT == nj::Q_TENSOR)
+    if (q.phase == 0) nj::block_max_to(amax_acc, q.amax);
+}
+
+extern "C" __global__ void __launch_bounds__(Spec::TPR * Spec::ROWS)
+    normjit_norm_fwd(const nj::NormArgs a, const nj::QuantArgs q) {
+  norm_fwd<Spec>(a, q);
 }

@@ -140,6 +140,41 @@ TEST_CASE("nvrtc: every norm-family variant compiles for sm_90") {
   }
 }
 
+TEST_CASE("nvrtc: every FP8 variant compiles for sm_80 (software conversions), sm_89 and sm_90") {
+  // The heuristic config and the grid's extremes (first and last: narrow
+  // vectors, many threads, two-pass) of both ops, on a register row and a
+  // two-pass row.
+  std::vector<KernelSpec> specs;
+  std::set<std::string> seen;
+  for (auto [M, N] : {std::pair{4096, 4096}, std::pair{64, 131072}})
+    for (const auto& v : fp8_variants(M, N, DType::BF16))
+      for (Op op : {Op::Forward, Op::Backward}) {
+        if (op == Op::Backward && !is_fp8(v.desc.x_dtype)) continue;  // the backward of a quantized y is not FP8
+        const auto grid = candidate_grid(op, v.desc, 8);
+        REQUIRE_MESSAGE(!grid.empty(), v.name);
+        for (const auto& cfg : {grid.front(), grid.back(), heuristic_config(op, v.desc, 8)})
+          if (KernelSpec s = make_spec(op, v.desc, cfg); seen.insert(s.name()).second) specs.push_back(s);
+      }
+  CHECK(std::count_if(specs.begin(), specs.end(), [](const KernelSpec& s) { return s.cfg.two_pass; }) > 0);
+  const std::string archs[] = {"sm_80", "sm_89", "sm_90"};
+  const int jobs = static_cast<int>(specs.size()) * 3;
+  std::vector<std::string> failures(jobs);
+  parallel_for(jobs, [&](int i) {
+    if (specs[i / 3].cfg.cluster > 1 && archs[i % 3] != "sm_90") return;  // clusters are sm_90+
+    try {
+      if (!is_elf(compile_spec(specs[i / 3], archs[i % 3], "").cubin)) failures[i] = "not an ELF file";
+    } catch (const Error& e) {
+      failures[i] = e.what();
+    }
+  });
+  MESSAGE(fmt::format("{} FP8 specs x 3 archs", specs.size()));
+  for (int i = 0; i < jobs; ++i) {
+    CAPTURE(specs[i / 3].name());
+    CAPTURE(archs[i % 3]);
+    CHECK_MESSAGE(failures[i].empty(), failures[i]);
+  }
+}
+
 TEST_CASE("nvrtc: the generated source holds the spec's constants and includes its template") {
   const KernelSpec fwd = bf16_4096_fwd();
   CHECK(fwd.name() == "rms_fwd.x=bf16.y=bf16.w=bf16.rstd.N4096.v8.t512.r1.i32");

@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "shapes.hpp"
+
 namespace fs = std::filesystem;
 using namespace normjit;
 
@@ -112,4 +114,35 @@ void write_text_file(const fs::path& path, const std::string& text) {
   REQUIRE(out.good());
 }
 
+
+std::vector<Variant> fp8_variants(std::int64_t M, std::int64_t N, DType t) {
+  // Options of the shape spec (shapes.hpp): one line a variant.
+  const std::vector<std::pair<const char*, const char*>> sets = {
+      {"rms", ":quant=e4m3/tensor-static"},
+      {"rms", ":quant=e5m2/tensor-static:transpose"},
+      {"rms", ":quant=e4m3/tensor:yhp:transpose"},
+      {"ln", ":quant=e5m2/tensor"},
+      {"rms", ":quant=e4m3/token"},
+      {"rms", ":quant=e4m3/token:ub=0.004"},
+      {"ln", ":quant=e5m2/token:res"},
+      {"rms", ":quant=e4m3/group128"},
+      {"rms", ":quant=e4m3/group128:ue8m0:colmajor"},
+      {"rms", ":quant=e5m2/group16:ue8m0"},
+      {"ln", ":quant=e4m3/group64:colmajor"},
+      {"rms", ":quant=e4m3/group32:res:yhp"},
+      {"rms", ":quant=e4m3/mx32"},
+      {"ln", ":quant=e5m2/mx32"},
+      {"rms", ":x=e4m3/group16"},
+      {"ln", ":x=e5m2/group32"},
+      {"rms", ":x=e4m3/group128:res"},
+      {"rms", ":x=e4m3/group16:quant=e4m3/tensor:transpose"},
+      {"ln", ":x=e4m3/group16:quant=e4m3/group128:ue8m0"},
+  };
+  std::vector<Variant> out;
+  for (const auto& [norm, opts] : sets) {
+    const std::string spec = fmt::format("{}:{}:{}x{}{}", norm, dtype_name(t), M, N, opts);
+    out.push_back({spec, normjit::detail::parse_shape_spec(spec).desc});
+  }
+  return out;
+}
 }  // namespace normjit_test

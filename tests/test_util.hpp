@@ -30,6 +30,15 @@ struct Variant {
 /// 3-D strided rows (when `heads` divides M). Every variant validates.
 std::vector<Variant> norm_variants(std::int64_t M, std::int64_t N, normjit::DType t, std::int64_t heads = 4);
 
+/// The FP8 variants on an M x N shape (N a multiple of 128) with 16-bit
+/// dtype `t`: every quantized-output granularity (per-tensor static and
+/// current, per-token with and without an upper bound, per-token-group of
+/// 16..128 with fp32 / UE8M0 and row- / column-major scales, MXFP8) in E4M3
+/// and E5M2, with y_hp and the transposed output, and FP8 inputs with group
+/// scales (alone and with a quantized output), for RMSNorm and LayerNorm,
+/// some with the fused residual add. Every variant validates.
+std::vector<Variant> fp8_variants(std::int64_t M, std::int64_t N, normjit::DType t);
+
 /// A fresh empty directory; removed with its contents when the last copy of
 /// the pointer goes.
 std::shared_ptr<const std::filesystem::path> make_temp_dir(const std::string& tag);

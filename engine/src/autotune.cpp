@@ -149,7 +149,12 @@ std::string mismatch(const std::vector<float>& got, const std::vector<float>& re
 
 // Value ranges of the random inputs: activations around 0, weights around 1,
 // statistics as a forward would give them.
-std::pair<float, float> input_range(const std::string& name) {
+std::pair<float, float> input_range(const std::string& name, DType t) {
+  // FP8 x: codes over most of the format's range, with scales that bring
+  // them to ~[-2, 2]; a static y scale small enough that some q saturate.
+  if (is_fp8(t)) return {-fp8_max(t) / 2, fp8_max(t) / 2};
+  if (name == "x_scale") return {0.002f, 0.01f};
+  if (name == "y_scale") return {0.005f, 0.01f};
   if (name == "weight") return {0.5f, 1.5f};
   if (name == "bias" || name == "mean") return {-0.5f, 0.5f};
   if (name == "rstd") return {0.5f, 1.0f};
@@ -165,7 +170,7 @@ Scratch::Scratch(Op op, const NormDesc& d, std::uint64_t seed) : specs(op_tensor
     if (t.output) {
       buf.emplace(t.name, DeviceBuffer(std::max<std::size_t>(16, t.span() * dtype_size(t.dtype))));
     } else {
-      auto [lo, hi] = input_range(t.name);
+      auto [lo, hi] = input_range(t.name, t.dtype);
       buf.emplace(t.name, random_tensor(t, lo, hi, seed + i));
     }
   }
@@ -186,6 +191,11 @@ ForwardTensors Scratch::forward_tensors() const {
   t.residual_out = ptr("residual_out");
   t.mean = static_cast<float*>(ptr("mean"));
   t.rstd = static_cast<float*>(ptr("rstd"));
+  t.x_scale = static_cast<const float*>(ptr("x_scale"));
+  t.y_scale = ptr("y_scale");
+  t.amax = static_cast<float*>(ptr("amax"));
+  t.y_hp = ptr("y_hp");
+  t.y_t = ptr("y_t");
   return t;
 }
 
@@ -197,6 +207,7 @@ BackwardTensors Scratch::backward_tensors() const {
   t.mean = static_cast<const float*>(ptr("mean"));
   t.rstd = static_cast<const float*>(ptr("rstd"));
   t.dresidual = ptr("dresidual");
+  t.x_scale = static_cast<const float*>(ptr("x_scale"));
   t.dx = ptr("dx");
   t.dweight = ptr("dweight");
   t.dbias = ptr("dbias");
@@ -415,9 +426,17 @@ class Tuner {
         std::min<std::int64_t>(d_.M, std::clamp<std::int64_t>(o_.check_elements / std::max<std::int64_t>(1, d_.N), 8, 4096));
     std::vector<std::vector<float>> o;
     for (const TensorSpec* t : outs_) {
-      // Per-row statistics are one row of M values: their first `rows`.
-      const bool per_row = t->name == "rstd" || t->name == "mean";
-      o.push_back(scratch_->download(t->name, per_row ? 1 : rows));
+      // Per-row values (rstd, mean, per-token scales) are one row of M
+      // values: their first `rows`. Tensors with a column per row of the
+      // input (the transpose, column-major scales): as many of their rows as
+      // the element budget allows.
+      const bool per_row = t->rows == 1 && t->cols == d_.M;
+      const bool by_column = t->rows > 1 && t->cols == d_.M && t->rows != d_.M;
+      const std::int64_t n = per_row ? 1
+                             : by_column
+                                 ? std::clamp<std::int64_t>(o_.check_elements / std::max<std::int64_t>(1, d_.M), 1, t->rows)
+                                 : rows;
+      o.push_back(scratch_->download(t->name, n));
       if (per_row) o.back().resize(static_cast<std::size_t>(rows));
     }
     return o;

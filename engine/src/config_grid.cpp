@@ -30,7 +30,7 @@ int max_vec(Op op, const NormDesc& d) {
   // Every tensor the kernel moves in vectors (unused dtypes equal x's).
   const Variant v = make_variant(op, d);
   const int widest = std::max({dtype_size(v.x), dtype_size(v.y), dtype_size(v.w), dtype_size(v.r), dtype_size(v.ro),
-                               dtype_size(v.dx)});
+                               dtype_size(v.dx), v.store_yhp ? dtype_size(v.yhp) : 1});
   int vec = static_cast<int>(std::min<std::int64_t>(16 / widest, next_pow2(d.N)));
   for (std::int64_t s : row_strides(op, d))
     while (vec > 1 && s % vec) vec /= 2;
@@ -95,6 +95,17 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
     if (c.rows_per_pid != 1 || c.two_pass || c.threads_per_row < 32)
       return no("a cluster shares one row, held in registers by >= 32 threads per CTA (no two-pass)");
   }
+  if (op == Op::Forward && d.quant != QuantScaling::None) {
+    const Variant qv = make_variant(op, d);
+    if (c.cluster > 1) return no("quantized rows are not split over a cluster");
+    // A group's lanes find its amax with shuffles: whole vectors, one warp at most.
+    if (qv.qgroup && (qv.qgroup % c.vec || qv.qgroup / c.vec > 32))
+      return no(fmt::format("a quantization group of {} is not 1..32 whole vectors of {}", qv.qgroup, c.vec));
+    if (qv.qgroup && c.threads_per_row < qv.qgroup / c.vec)
+      return no(fmt::format("{} threads per row split a group of {} vectors", c.threads_per_row, qv.qgroup / c.vec));
+  }
+  if (is_fp8(d.normed_dtype()) && d.x_group % c.vec)
+    return no(fmt::format("a vector of {} straddles two x scale groups of {}", c.vec, d.x_group));
   const auto [per_thread, in_registers] = thread_share(op, d, c);
   const int full_block = threads == 1024 ? 2 : 1;
   // A staged backward row may still be cached when its dw sums and weight
@@ -281,6 +292,16 @@ LaunchConfig fit_alignment(const LaunchConfig& cfg, Op op, const NormDesc& d,
   while (c.vec > 1 && !aligned(c.vec)) c.vec /= 2;
   // The config's own cluster is one the device has (it was resolved for it).
   const int mc = std::max(1, c.cluster);
+  if (op == Op::Forward && c.vec != cfg.vec && (d.quant == QuantScaling::Group || d.quant == QuantScaling::MX)) {
+    // Narrower vectors: a quantization group spans more lanes.
+    const int lanes = (d.quant == QuantScaling::MX ? 32 : d.quant_group) / c.vec;
+    if (lanes > 32)
+      throw Error(ErrorKind::InvalidArgument,
+                  fmt::format("the tensors allow only {}-element vectors: too narrow for quantization groups of {} "
+                              "(align x, y and their row strides to 16 bytes)", c.vec, lanes * c.vec));
+    c.threads_per_row = std::max(c.threads_per_row, lanes);
+    c.rows_per_pid = std::max(1, std::min(c.rows_per_pid, 1024 / c.threads_per_row));
+  }
   if (c.stages && !config_valid(op, d, c, nullptr, mc)) c.stages = 0;  // cp.async needs 4-byte chunks
   if (dweight_in_smem(op, d, c) && c.stages == 0) {
     // The row's dweight share lives in shared memory after the stages, and

@@ -219,8 +219,19 @@ void Engine::forward(const NormDesc& d, const ForwardTensors& t, CUstream stream
   if (d.store_residual_out) require(t.residual_out, "residual_out", "store_residual_out", op, d);
   if (d.store_rstd) require(t.rstd, "rstd", "store_rstd", op, d);
   if (ln && d.store_mean) require(t.mean, "mean", "store_mean", op, d);
+  const bool quant = d.quant != QuantScaling::None;
+  if (is_fp8(d.x_dtype)) require(t.x_scale, "x_scale", "an FP8 x_dtype", op, d);
+  if (quant) require(t.y_scale, "y_scale", "a quantized y", op, d);
+  if (d.quant == QuantScaling::Tensor) require(t.amax, "amax", "quant = tensor", op, d);
+  if (quant && d.store_y_hp) require(t.y_hp, "y_hp", "store_y_hp", op, d);
+  if (d.store_y_t) require(t.y_t, "y_t", "store_y_t", op, d);
   // Unused pointers are dropped: the kernel never sees them.
   ForwardTensors u = t;
+  if (!is_fp8(d.x_dtype)) u.x_scale = nullptr;
+  if (!quant) u.y_scale = nullptr;
+  if (d.quant != QuantScaling::Tensor) u.amax = nullptr;
+  if (!quant || !d.store_y_hp) u.y_hp = nullptr;
+  if (!d.store_y_t) u.y_t = nullptr;
   if (!d.has_weight) u.weight = nullptr;
   if (!d.has_bias) u.bias = nullptr;
   if (!d.residual) u.residual = nullptr;
@@ -232,7 +243,8 @@ void Engine::forward(const NormDesc& d, const ForwardTensors& t, CUstream stream
     l = impl_->prepare(op, d);
     l.cfg = fit_alignment(l.cfg, op, d,
                           {{u.x, d.x_dtype}, {u.y, d.y_dtype}, {u.weight, d.weight_dtype}, {u.bias, d.weight_dtype},
-                           {u.residual, d.residual_dtype}, {u.residual_out, d.residual_out_dtype}},
+                           {u.residual, d.residual_dtype}, {u.residual_out, d.residual_out_dtype},
+                           {u.y_hp, d.y_hp_dtype}},
                           row_strides(op, d));
     auto k = impl_->jit.get(make_spec(op, d, l.cfg), l.arch);
     launch_forward(*k, d, u, l.sm_count, stream);
@@ -266,12 +278,15 @@ void Engine::backward(const NormDesc& d, const BackwardTensors& t, CUstream stre
   }
   if (ln && d.has_bias) require(t.dbias, "dbias", "has_bias", op, d);
   if (d.has_dresidual) require(t.dresidual, "dresidual", "has_dresidual", op, d);
+  const bool fp8_x = is_fp8(d.normed_dtype());
+  if (fp8_x) require(t.x_scale, "x_scale", "an FP8 x_dtype", op, d);
   if (make_variant(op, d).partials() > 0) require(t.workspace, "workspace", "dweight / dbias partial sums", op, d);
   BackwardTensors u = t;
   if (!ln) u.mean = nullptr;
   if (!d.has_weight) u.weight = u.dweight = nullptr;
   if (!ln || !d.has_bias) u.dbias = nullptr;
   if (!d.has_dresidual) u.dresidual = nullptr;
+  if (!fp8_x) u.x_scale = nullptr;
   const DType xt = d.normed_dtype();
   Impl::Launch l;
   try {
@@ -285,7 +300,7 @@ void Engine::backward(const NormDesc& d, const BackwardTensors& t, CUstream stre
                   fmt::format("workspace_bytes = {} is too small: {} needed (backward_workspace_size)",
                               u.workspace_bytes, need));
     l.cfg = fit_alignment(l.cfg, op, d,
-                          {{u.dy, d.y_dtype}, {u.x, xt}, {u.weight, d.weight_dtype}, {u.dx, d.x_dtype},
+                          {{u.dy, d.dy_dtype()}, {u.x, xt}, {u.weight, d.weight_dtype}, {u.dx, d.dx_dtype()},
                            {u.dresidual, d.residual_out_dtype}},
                           row_strides(op, d));
     auto k = impl_->jit.get(make_spec(op, d, l.cfg), l.arch);

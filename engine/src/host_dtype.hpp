@@ -2,11 +2,13 @@
 // scratch data, the tuner's output comparison and the tests' references.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "fp8.cuh"
 #include "normjit/normjit.hpp"
 
 namespace normjit::detail {
@@ -60,6 +62,13 @@ inline void store_as(DType t, void* p, std::size_t i, float v) {
     case DType::F32: static_cast<float*>(p)[i] = v; break;
     case DType::F16: static_cast<std::uint16_t*>(p)[i] = float_to_fp16(v); break;
     case DType::BF16: static_cast<std::uint16_t*>(p)[i] = float_to_bf16(v); break;
+    case DType::E4M3: static_cast<std::uint8_t*>(p)[i] = nj::fp32_to_fp8(v, nj::kE4M3); break;
+    case DType::E5M2: static_cast<std::uint8_t*>(p)[i] = nj::fp32_to_fp8(v, nj::kE5M2); break;
+    case DType::E8M0: {  // the nearest power of two's exponent, clamped to the code range
+      const int e = v > 0 && std::isfinite(v) ? std::ilogb(v) : -127;
+      static_cast<std::uint8_t*>(p)[i] = static_cast<std::uint8_t>(std::clamp(e, -127, 127) + 127);
+      break;
+    }
   }
 }
 /// Element `i` of the raw buffer `p` of dtype `t`, as float.
@@ -68,13 +77,28 @@ inline float load_as(DType t, const void* p, std::size_t i) {
     case DType::F32: return static_cast<const float*>(p)[i];
     case DType::F16: return fp16_to_float(static_cast<const std::uint16_t*>(p)[i]);
     case DType::BF16: return bf16_to_float(static_cast<const std::uint16_t*>(p)[i]);
+    case DType::E4M3: return nj::fp8_to_fp32(static_cast<const std::uint8_t*>(p)[i], nj::kE4M3);
+    case DType::E5M2: return nj::fp8_to_fp32(static_cast<const std::uint8_t*>(p)[i], nj::kE5M2);
+    case DType::E8M0: {
+      const int c = static_cast<const std::uint8_t*>(p)[i];
+      return c == 0xff ? NAN : std::ldexp(1.f, c - 127);
+    }
   }
   return 0.f;
 }
 
-/// Relative rounding step of a dtype (2^-8 for bf16, 2^-11 for fp16, 2^-24 for fp32).
+/// Relative rounding step of a dtype (2^-8 for bf16, 2^-11 for fp16, 2^-24
+/// for fp32, 2^-4 for E4M3, 2^-3 for E5M2, 1 for E8M0).
 inline double unit_roundoff(DType t) {
-  return t == DType::BF16 ? 0x1p-8 : t == DType::F16 ? 0x1p-11 : 0x1p-24;
+  switch (t) {
+    case DType::BF16: return 0x1p-8;
+    case DType::F16: return 0x1p-11;
+    case DType::E4M3: return 0x1p-4;
+    case DType::E5M2: return 0x1p-3;
+    case DType::E8M0: return 1.0;
+    case DType::F32: break;
+  }
+  return 0x1p-24;
 }
 
 /// Deterministic fast generator (splitmix64) for scratch and test data.

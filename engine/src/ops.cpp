@@ -1,8 +1,12 @@
 #include "ops.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "norm_args.cuh"
+#include "quant_args.cuh"
+#include "driver.hpp"
 
 namespace normjit::detail {
 
@@ -41,7 +45,24 @@ void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardTenso
   a.residual_out = t.residual_out;
   a.mean = t.mean;
   a.rstd = t.rstd;
-  void* args[] = {&a};
+  nj::QuantArgs q{};
+  q.x_scale = t.x_scale;
+  q.scale = t.y_scale;
+  q.amax = t.amax;
+  q.y_hp = t.y_hp;
+  q.y_t = t.y_t;
+  q.scale_ld = d.scale_ld();
+  q.scale_ub = d.scale_ub;
+  void* args[] = {&a, &q};
+  if (d.quant == QuantScaling::Tensor) {
+    // Current scaling in two launches: the first reads the rows once for
+    // amax (a resident-sized grid striding over them, so few programs meet
+    // in its one atomic), the second recomputes y and quantizes with it.
+    NJ_CU(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(t.amax), 0, 1, s));
+    const unsigned resident = static_cast<unsigned>(std::max(1, sm_count * k.blocks_per_sm));
+    k.launch(std::min(g.grid, resident), g.block, s, args);
+    q.phase = 1;
+  }
   k.launch(g.grid, g.block, s, args);
 }
 

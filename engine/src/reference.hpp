@@ -2,6 +2,7 @@
 // check column and anyone validating a tuned kernel.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -23,6 +24,79 @@ inline double round_as(DType t, double v) {
   return load_as(t, b, 0);
 }
 
+/// Quantizes out["y"] (the float64 y) as `d.quant` says (QuantScaling):
+/// y becomes the FP8 values q, with y_scale (and amax, y_hp, y_t) beside it.
+/// amax ignores NaN, as the kernels do.
+inline void quantize_reference(const NormDesc& d, const HostTensors& in, HostTensors& out) {
+  const std::size_t M = static_cast<std::size_t>(d.M), N = static_cast<std::size_t>(d.N);
+  std::vector<double>& y = out["y"];
+  const double fmax = fp8_max(d.y_dtype), min_scale = static_cast<double>(kMinScale);
+  auto amax_of = [&](std::size_t i, std::size_t j0, std::size_t n) {
+    double a = 0;
+    for (std::size_t j = j0; j < j0 + n; ++j) a = std::fmax(a, std::fabs(y[i * N + j]));
+    return a;
+  };
+  // Every element's scale: one per tensor, row or group.
+  std::vector<double> scale_of(M * N);
+  auto& sc = out["y_scale"];
+  switch (d.quant) {
+    case QuantScaling::None: return;
+    case QuantScaling::TensorStatic:
+    case QuantScaling::Tensor: {
+      double s = in.count("y_scale") ? in.at("y_scale")[0] : 0.0;
+      if (d.quant == QuantScaling::Tensor) {
+        double a = 0;
+        for (std::size_t i = 0; i < M; ++i) a = std::fmax(a, amax_of(i, 0, N));
+        out["amax"] = {a};
+        s = std::fmax(a / fmax, min_scale);
+        sc = {s};
+      } else {
+        out.erase("y_scale");  // an input
+      }
+      std::fill(scale_of.begin(), scale_of.end(), s);
+      break;
+    }
+    case QuantScaling::Token:
+      for (std::size_t i = 0; i < M; ++i) {
+        double s = std::fmax(amax_of(i, 0, N) / fmax, min_scale);
+        if (d.scale_ub > 0) s = std::fmin(s, static_cast<double>(d.scale_ub));
+        sc.push_back(s);
+        std::fill(scale_of.begin() + i * N, scale_of.begin() + (i + 1) * N, s);
+      }
+      break;
+    case QuantScaling::Group:
+    case QuantScaling::MX: {
+      const bool mx = d.quant == QuantScaling::MX;
+      const std::size_t G = mx ? 32 : static_cast<std::size_t>(d.quant_group), NG = N / G;
+      sc.assign(M * NG, 0.0);
+      for (std::size_t i = 0; i < M; ++i)
+        for (std::size_t g = 0; g < NG; ++g) {
+          const double a = amax_of(i, g * G, G);
+          double s;
+          if (mx) {
+            const int emax = d.y_dtype == DType::E4M3 ? 8 : 15;
+            const int e = a >= 0x1p-126 ? static_cast<int>(std::floor(std::log2(a))) : -127;
+            s = std::ldexp(1.0, std::clamp(e - emax, -127, 127));
+          } else {
+            s = std::fmax(a / fmax, min_scale);
+            if (d.scale_ue8m0) s = std::ldexp(1.0, static_cast<int>(std::ceil(std::log2(s))));
+          }
+          sc[d.scale_col_major ? g * M + i : i * NG + g] = s;
+          std::fill(scale_of.begin() + i * N + g * G, scale_of.begin() + i * N + (g + 1) * G, s);
+        }
+      break;
+    }
+  }
+  if (d.store_y_hp) out["y_hp"] = y;
+  for (std::size_t k = 0; k < M * N; ++k) y[k] = round_as(d.y_dtype, y[k] / scale_of[k]);
+  if (d.store_y_t) {
+    auto& t = out["y_t"];
+    t.resize(M * N);
+    for (std::size_t i = 0; i < M; ++i)
+      for (std::size_t j = 0; j < N; ++j) t[j * M + i] = y[i * N + j];
+  }
+}
+
 /// The forward of any variant (RMSNorm or LayerNorm, residual add, weight
 /// offset, no weight / bias, casting modes) in float64 from `in` (x,
 /// residual, weight, bias). Returns y, residual_out, mean, rstd (those the
@@ -36,9 +110,12 @@ inline HostTensors forward_reference(const NormDesc& d, const HostTensors& in) {
   y.resize(M * N);
   std::vector<double> mean(M), rstd(M), h(N), ho;
   const std::vector<double>& x = in.at("x");
+  const bool fp8_x = is_fp8(d.x_dtype);
+  const std::size_t xg = static_cast<std::size_t>(d.x_group);
   for (std::size_t i = 0; i < M; ++i) {
     for (std::size_t j = 0; j < N; ++j) {
       double v = x[i * N + j];
+      if (fp8_x) v *= in.at("x_scale")[i * (N / xg) + j / xg];  // dequantized on load
       if (d.residual) {
         v += in.at("residual")[i * N + j];
         if (d.residual_rounding == ResidualRounding::ResidualDtype) v = round_as(d.residual_dtype, v);
@@ -74,6 +151,7 @@ inline HostTensors forward_reference(const NormDesc& d, const HostTensors& in) {
     out["mean"] = std::move(mean);
   }
   if (d.store_rstd) out["rstd"] = std::move(rstd);
+  if (d.quant != QuantScaling::None) quantize_reference(d, in, out);
   return out;
 }
 
@@ -180,5 +258,42 @@ inline double relative_error(const std::vector<float>& got, const std::vector<do
 /// Tolerance on relative_error for an output of dtype `t`: a few roundings of
 /// the output plus fp32 accumulation.
 inline double tolerance(DType t) { return t == DType::F32 ? 1e-4 : 4 * unit_roundoff(t); }
+
+/// An FP8 code's place on the number line (sign-magnitude to ordered).
+inline int fp8_ordinal(DType t, float v) {
+  const int c = nj::fp32_to_fp8(v, t == DType::E4M3 ? nj::kE4M3 : nj::kE5M2);
+  return c & 0x80 ? -(c & 0x7f) : c;
+}
+
+/// FP8 outputs against the reference's: the fraction of elements whose code
+/// differs, or +inf when any is more than one code apart (the fp32 vs float64
+/// rounding boundary moves a code by one at most) or NaN where the
+/// reference is not.
+inline double fp8_code_mismatch(DType t, const std::vector<float>& got, const std::vector<double>& ref) {
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const bool gn = std::isnan(got[i]), rn = std::isnan(ref[i]);
+    if (gn || rn) {
+      if (gn != rn) return INFINITY;
+      continue;
+    }
+    const int dist = std::abs(fp8_ordinal(t, got[i]) - fp8_ordinal(t, static_cast<float>(ref[i])));
+    if (dist > 1) return INFINITY;
+    differ += dist;
+  }
+  return ref.empty() ? 0.0 : static_cast<double>(differ) / ref.size();
+}
+
+/// The largest relative error of any element (scales, amax); +inf for a NaN
+/// where the reference has a number.
+inline double max_relative_error(const std::vector<float>& got, const std::vector<double>& ref) {
+  double e = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    if (std::isnan(ref[i]) && std::isnan(got[i])) continue;
+    const double d = std::fabs(got[i] - ref[i]) / std::fmax(std::fabs(ref[i]), 1e-300);
+    if (!(d <= e)) e = std::isnan(d) ? INFINITY : std::fmax(e, d);
+  }
+  return e;
+}
 
 }  // namespace normjit::detail

@@ -15,8 +15,11 @@ float default_eps(NormKind k) { return k == NormKind::LayerNorm ? 1e-5f : 1e-6f;
 }  // namespace
 
 NamedShape parse_shape_spec(const std::string& text) {
-  static const std::regex head(R"((rms|ln):([a-z0-9]+):(\d+)x(\d+)((?::[a-z_0-9]+(?:=[a-z0-9.+-]+)?)*))");
-  static const std::regex option(R"(:([a-z_0-9]+)(?:=([a-z0-9.+-]+))?)");
+  static const std::regex head(R"((rms|ln):([a-z0-9]+):(\d+)x(\d+)((?::[a-z_0-9]+(?:=[a-z0-9.+/-]+)?)*))");
+  static const std::regex option(R"(:([a-z_0-9]+)(?:=([a-z0-9.+/-]+))?)");
+  // quant=<e4m3|e5m2>/<tensor|tensor-static|token|group<G>|mx32>, x=<e4m3|e5m2>/group<QB>
+  static const std::regex quant_re(R"((e4m3|e5m2)/(tensor|tensor-static|token|group(\d{1,3})|mx32))");
+  static const std::regex xfp8_re(R"((e4m3|e5m2)/group(\d{1,3}))");
   std::smatch m;
   if (!std::regex_match(text, m, head))
     throw Error(ErrorKind::InvalidArgument,
@@ -33,6 +36,7 @@ NamedShape parse_shape_spec(const std::string& text) {
     d.N = std::stoll(m[4]);
     d.eps = default_eps(d.norm);
     d.has_bias = d.norm == NormKind::LayerNorm;  // as torch.nn.LayerNorm
+    d.y_hp_dtype = d.grad_dtype = d.x_dtype;
     const std::string opts = m[5];
     for (std::sregex_iterator it(opts.begin(), opts.end(), option), end; it != end; ++it) {
       const std::string key = (*it)[1], val = (*it)[2];
@@ -55,7 +59,31 @@ NamedShape parse_shape_spec(const std::string& text) {
       else if (key == "noro") d.store_residual_out = false;
       else if (key == "norstd") d.store_rstd = false;
       else if (key == "nomean") d.store_mean = false;
-      else throw Error(ErrorKind::InvalidArgument, fmt::format("option '{}' is not one of w, y, res, fp32sum, dres, nw, nb, off, cast, eps, heads, x_stride, ro, noro, norstd, nomean", key));
+      else if (key == "quant") {
+        std::smatch q;
+        if (!std::regex_match(val, q, quant_re))
+          throw Error(ErrorKind::InvalidArgument,
+                      fmt::format("quant = '{}' is not <e4m3|e5m2>/<tensor|tensor-static|token|group<G>|mx32>", val));
+        d.y_dtype = parse_dtype(q[1], "quant");
+        const std::string g = q[2];
+        d.quant = g == "tensor" ? QuantScaling::Tensor : g == "tensor-static" ? QuantScaling::TensorStatic
+                  : g == "token" ? QuantScaling::Token : g == "mx32" ? QuantScaling::MX : QuantScaling::Group;
+        if (q[3].matched) d.quant_group = std::stoi(q[3]);
+      } else if (key == "x") {
+        std::smatch q;
+        if (!std::regex_match(val, q, xfp8_re))
+          throw Error(ErrorKind::InvalidArgument, fmt::format("x = '{}' is not <e4m3|e5m2>/group<QB>", val));
+        d.x_dtype = parse_dtype(q[1], "x");
+        d.x_group = std::stoi(q[2]);
+      } else if (key == "ue8m0") d.scale_ue8m0 = true;
+      else if (key == "colmajor") d.scale_col_major = true;
+      else if (key == "ub") d.scale_ub = std::stof(val);
+      else if (key == "yhp") {
+        d.store_y_hp = true;
+        if (!val.empty()) d.y_hp_dtype = parse_dtype(val, "yhp");
+      } else if (key == "transpose") d.store_y_t = true;
+      else if (key == "grad") d.grad_dtype = parse_dtype(val, "grad");
+      else throw Error(ErrorKind::InvalidArgument, fmt::format("option '{}' is not one of w, y, res, fp32sum, dres, nw, nb, off, cast, eps, heads, x_stride, ro, noro, norstd, nomean, quant, x, ue8m0, colmajor, ub, yhp, transpose, grad", key));
     }
     d.validate();
   } catch (const Error& e) {
@@ -68,9 +96,11 @@ NamedShape parse_shape_spec(const std::string& text) {
 
 std::string shape_spec(const NormDesc& d) {
   const bool ln = d.norm == NormKind::LayerNorm;
-  std::string s = fmt::format("{}:{}:{}x{}", ln ? "ln" : "rms", dtype_name(d.x_dtype), d.M, d.N);
-  if (d.y_dtype != d.x_dtype) s += fmt::format(":y={}", dtype_name(d.y_dtype));
-  if (d.weight_dtype != d.x_dtype) s += fmt::format(":w={}", dtype_name(d.weight_dtype));
+  // The head dtype is x's, or the weight's for an FP8 x (given by x=...).
+  const DType head = is_fp8(d.x_dtype) ? d.weight_dtype : d.x_dtype;
+  std::string s = fmt::format("{}:{}:{}x{}", ln ? "ln" : "rms", dtype_name(head), d.M, d.N);
+  if (d.y_dtype != head && !is_fp8(d.y_dtype)) s += fmt::format(":y={}", dtype_name(d.y_dtype));
+  if (d.weight_dtype != head) s += fmt::format(":w={}", dtype_name(d.weight_dtype));
   if (d.residual) {
     s += fmt::format(":res={}", dtype_name(d.residual_dtype));
     if (d.residual_out_dtype != d.residual_dtype) s += fmt::format(":ro={}", dtype_name(d.residual_out_dtype));
@@ -85,6 +115,18 @@ std::string shape_spec(const NormDesc& d) {
   if (d.heads > 1) s += fmt::format(":heads={}", d.heads);
   if (!d.store_rstd) s += ":norstd";
   if (ln && !d.store_mean) s += ":nomean";
+  if (is_fp8(d.x_dtype)) s += fmt::format(":x={}/group{}", dtype_name(d.x_dtype), d.x_group);
+  if (d.quant != QuantScaling::None) {
+    s += fmt::format(":quant={}/{}", dtype_name(d.y_dtype),
+                     d.quant == QuantScaling::Group ? fmt::format("group{}", d.quant_group) : quant_scaling_name(d.quant));
+    if (d.scale_ue8m0) s += ":ue8m0";
+    if (d.scale_col_major) s += ":colmajor";
+    if (d.scale_ub != 0.f) s += fmt::format(":ub={}", d.scale_ub);
+    if (d.store_y_hp) s += fmt::format(":yhp={}", dtype_name(d.y_hp_dtype));
+    if (d.store_y_t) s += ":transpose";
+  }
+  if ((is_fp8(d.x_dtype) || is_fp8(d.y_dtype)) && d.grad_dtype != head)
+    s += fmt::format(":grad={}", dtype_name(d.grad_dtype));
   return s;
 }
 

@@ -35,6 +35,13 @@ struct Variant {
   bool heads = false;       ///< 3-D rows
   bool dres = false;        ///< backward: add dresidual into dx
   bool store_rstd = false, store_mean = false;
+  // FP8 (forward): how y is quantized, and the extra outputs.
+  QuantScaling quant = QuantScaling::None;
+  int qgroup = 0;           ///< Group: G; MX: 32; else 0
+  bool ue8m0 = false, colmajor = false;
+  bool store_yhp = false, store_yt = false;
+  DType yhp = DType::BF16;  ///< y_hp's dtype (store_yhp)
+  int xgroup = 0;           ///< FP8 x (forward, or the backward's normalised input): QB; else 0
 
   /// The variant's part of cache keys and kernel names, e.g.
   /// "ln_fwd:x=fp16:y=fp16:w=fp16:bias:mean:rstd"; the dtypes and flags that

@@ -12,8 +12,12 @@ std::vector<TensorSpec> op_tensors(Op op, const NormDesc& d) {
   auto vec = [&](const char* name, bool out, DType t, std::int64_t n) { return TensorSpec{name, out, t, 1, 1, n, n, n}; };
   std::vector<TensorSpec> v;
   const std::int64_t H = d.heads;
+  // FP8 x scales: [M, N / x_group] fp32.
+  auto x_scale = [&] { return TensorSpec{"x_scale", false, DType::F32, d.M, 1, d.x_groups(), d.x_groups(), d.x_groups()}; };
   if (op == Op::Forward) {
     v.push_back(rows("x", false, d.x_dtype, d.x_ld(), d.x_hs(), H));
+    if (is_fp8(d.x_dtype)) v.push_back(x_scale());
+    if (d.quant == QuantScaling::TensorStatic) v.push_back(vec("y_scale", false, DType::F32, 1));
     if (d.residual) v.push_back(rows("residual", false, d.residual_dtype, d.residual_ld(), d.N, 1));
     if (d.has_weight) v.push_back(vec("weight", false, d.weight_dtype, d.N));
     if (ln && d.has_bias) v.push_back(vec("bias", false, d.weight_dtype, d.N));
@@ -22,17 +26,38 @@ std::vector<TensorSpec> op_tensors(Op op, const NormDesc& d) {
       v.push_back(rows("residual_out", true, d.residual_out_dtype, d.residual_out_ld(), d.N, 1));
     if (ln && d.store_mean) v.push_back(vec("mean", true, DType::F32, d.M));
     if (d.store_rstd) v.push_back(vec("rstd", true, DType::F32, d.M));
+    switch (d.quant) {
+      case QuantScaling::None:
+      case QuantScaling::TensorStatic: break;
+      case QuantScaling::Tensor:
+        v.push_back(vec("y_scale", true, DType::F32, 1));
+        v.push_back(vec("amax", true, DType::F32, 1));
+        break;
+      case QuantScaling::Token: v.push_back(vec("y_scale", true, DType::F32, d.M)); break;
+      case QuantScaling::Group:
+        v.push_back(d.scale_col_major
+                        ? TensorSpec{"y_scale", true, DType::F32, d.quant_groups(), 1, d.scale_ld(), d.scale_ld(), d.M}
+                        : TensorSpec{"y_scale", true, DType::F32, d.M, 1, d.quant_groups(), d.quant_groups(), d.quant_groups()});
+        break;
+      case QuantScaling::MX:
+        v.push_back(TensorSpec{"y_scale", true, DType::E8M0, d.M, 1, d.quant_groups(), d.quant_groups(), d.quant_groups()});
+        break;
+    }
+    if (d.quant != QuantScaling::None && d.store_y_hp) v.push_back(rows("y_hp", true, d.y_hp_dtype, d.y_ld(), d.y_hs(), H));
+    if (d.store_y_t) v.push_back(TensorSpec{"y_t", true, d.y_dtype, d.N, 1, d.M, d.M, d.M});
   } else {
-    v.push_back(rows("dy", false, d.y_dtype, d.dy_ld(), d.dy_hs(), H));
-    if (d.residual)
+    v.push_back(rows("dy", false, d.dy_dtype(), d.dy_ld(), d.dy_hs(), H));
+    if (d.residual) {
       v.push_back(rows("x", false, d.residual_out_dtype, d.residual_out_ld(), d.N, 1));
-    else
+    } else {
       v.push_back(rows("x", false, d.x_dtype, d.x_ld(), d.x_hs(), H));
+      if (is_fp8(d.x_dtype)) v.push_back(x_scale());
+    }
     if (d.has_weight) v.push_back(vec("weight", false, d.weight_dtype, d.N));
     if (ln) v.push_back(vec("mean", false, DType::F32, d.M));
     v.push_back(vec("rstd", false, DType::F32, d.M));
     if (d.has_dresidual) v.push_back(rows("dresidual", false, d.residual_out_dtype, d.dresidual_ld(), d.N, 1));
-    v.push_back(rows("dx", true, d.x_dtype, d.dx_ld(), d.dx_hs(), H));
+    v.push_back(rows("dx", true, d.dx_dtype(), d.dx_ld(), d.dx_hs(), H));
     if (d.has_weight) v.push_back(vec("dweight", true, d.weight_dtype, d.N));
     if (ln && d.has_bias) v.push_back(vec("dbias", true, d.weight_dtype, d.N));
   }

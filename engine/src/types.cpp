@@ -18,17 +18,36 @@ const char* dtype_name(DType t) {
     case DType::F32: return "fp32";
     case DType::F16: return "fp16";
     case DType::BF16: return "bf16";
+    case DType::E4M3: return "e4m3";
+    case DType::E5M2: return "e5m2";
+    case DType::E8M0: return "e8m0";
   }
   return "?";
 }
 
-int dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
+int dtype_size(DType t) { return t == DType::F32 ? 4 : static_cast<int>(t) >= 3 ? 1 : 2; }
+
+float fp8_max(DType t) { return t == DType::E4M3 ? 448.f : t == DType::E5M2 ? 57344.f : 0.f; }
 
 DType parse_dtype(const std::string& s, const char* what) {
   if (s == "fp32" || s == "f32" || s == "float32" || s == "float") return DType::F32;
   if (s == "fp16" || s == "f16" || s == "float16" || s == "half") return DType::F16;
   if (s == "bf16" || s == "bfloat16") return DType::BF16;
-  throw bad(fmt::format("{} = '{}' is not a dtype (expected fp32, fp16 or bf16)", what, s));
+  if (s == "e4m3" || s == "fp8_e4m3" || s == "float8_e4m3fn") return DType::E4M3;
+  if (s == "e5m2" || s == "fp8_e5m2" || s == "float8_e5m2") return DType::E5M2;
+  throw bad(fmt::format("{} = '{}' is not a dtype (expected fp32, fp16, bf16, e4m3 or e5m2)", what, s));
+}
+
+const char* quant_scaling_name(QuantScaling q) {
+  switch (q) {
+    case QuantScaling::None: return "none";
+    case QuantScaling::TensorStatic: return "tensor-static";
+    case QuantScaling::Tensor: return "tensor";
+    case QuantScaling::Token: return "token";
+    case QuantScaling::Group: return "group";
+    case QuantScaling::MX: return "mx32";
+  }
+  return "?";
 }
 
 const char* norm_kind_name(NormKind k) {
@@ -125,10 +144,16 @@ void NormDesc::validate() const {
         throw bad(fmt::format("{}_stride = {} and {}_head_stride = {} make rows of {} heads x {} overlap", name, ld, name,
                               hs, heads, N));
   }
-  for (auto [name, t] : {std::pair{"x_dtype", x_dtype}, std::pair{"y_dtype", y_dtype},
-                         std::pair{"weight_dtype", weight_dtype}, std::pair{"residual_dtype", residual_dtype},
-                         std::pair{"residual_out_dtype", residual_out_dtype}})
-    if (static_cast<int>(t) > 2) throw bad(fmt::format("{} = {} is not a dtype", name, static_cast<int>(t)));
+  for (auto [name, t, fp8] : {std::tuple{"x_dtype", x_dtype, true}, std::tuple{"y_dtype", y_dtype, true},
+                              std::tuple{"weight_dtype", weight_dtype, false},
+                              std::tuple{"residual_dtype", residual_dtype, false},
+                              std::tuple{"residual_out_dtype", residual_out_dtype, false},
+                              std::tuple{"y_hp_dtype", y_hp_dtype, false}, std::tuple{"grad_dtype", grad_dtype, false}}) {
+    if (static_cast<int>(t) > 4) throw bad(fmt::format("{} = {} is not a dtype", name, static_cast<int>(t)));
+    if (is_fp8(t) && !fp8)
+      throw bad(fmt::format("{} = {}: FP8 is for x and y only (expected fp32, fp16 or bf16)", name, dtype_name(t)));
+  }
+  validate_fp8();
   if (!std::isfinite(eps) || eps < 0) throw bad(fmt::format("eps = {} must be finite and >= 0", eps));
   if (!std::isfinite(weight_offset)) throw bad(fmt::format("weight_offset = {} must be finite", weight_offset));
   if (weight_offset != 0.f && !has_weight)
@@ -140,6 +165,45 @@ void NormDesc::validate() const {
   if (residual && heads != 1) throw bad(fmt::format("residual = true needs 2-D rows, but heads = {}", heads));
   if (store_residual_out && !residual) throw bad("store_residual_out = true needs residual = true");
   if (has_dresidual && !residual) throw bad("has_dresidual = true needs residual = true");
+}
+
+void NormDesc::validate_fp8() const {
+  if (static_cast<int>(quant) > 5) throw bad(fmt::format("quant = {} is not a QuantScaling", static_cast<int>(quant)));
+  const char* qn = quant_scaling_name(quant);
+  if (is_fp8(y_dtype) && quant == QuantScaling::None)
+    throw bad(fmt::format("y_dtype = {} needs quant (tensor-static, tensor, token, group or mx32): how q is scaled",
+                          dtype_name(y_dtype)));
+  if (!is_fp8(y_dtype) && quant != QuantScaling::None)
+    throw bad(fmt::format("quant = {} needs an FP8 y_dtype (e4m3 or e5m2), but y_dtype = {}", qn, dtype_name(y_dtype)));
+  if (quant == QuantScaling::Group) {
+    if (quant_group != 16 && quant_group != 32 && quant_group != 64 && quant_group != 128)
+      throw bad(fmt::format("quant_group = {} must be 16, 32, 64 or 128", quant_group));
+    if (N % quant_group)
+      throw bad(fmt::format("quant_group = {} does not divide N = {} (a group of a row must be whole)", quant_group, N));
+  }
+  if (quant == QuantScaling::MX && N % 32)
+    throw bad(fmt::format("quant = mx32 needs N a multiple of 32 (whole MX blocks), but N = {}", N));
+  if (quant != QuantScaling::Group && (scale_ue8m0 || scale_col_major))
+    throw bad(fmt::format("scale_ue8m0 / scale_col_major are for quant = group, but quant = {}", qn));
+  if (scale_stride != 0 && (!scale_col_major || scale_stride < M))
+    throw bad(fmt::format("scale_stride = {} needs scale_col_major and must be >= M = {}", scale_stride, M));
+  if (!std::isfinite(scale_ub) || scale_ub < 0) throw bad(fmt::format("scale_ub = {} must be finite and >= 0", scale_ub));
+  if (scale_ub != 0.f && quant != QuantScaling::Token)
+    throw bad(fmt::format("scale_ub = {} is for quant = token, but quant = {}", scale_ub, qn));
+  if (store_y_hp && quant == QuantScaling::None) throw bad("store_y_hp = true needs a quantized y (quant != none)");
+  if (store_y_t) {
+    if (quant != QuantScaling::TensorStatic && quant != QuantScaling::Tensor)
+      throw bad(fmt::format("store_y_t = true needs one scale for the tensor (quant = tensor or tensor-static), but quant = {}", qn));
+    if (heads != 1) throw bad(fmt::format("store_y_t = true needs 2-D rows, but heads = {}", heads));
+  }
+  if (is_fp8(x_dtype)) {
+    if (cast_mode == CastMode::Llama)
+      throw bad(fmt::format("cast_mode = llama rounds the normalised row to x's dtype, which x_dtype = {} cannot be",
+                            dtype_name(x_dtype)));
+    if (x_group != 16 && x_group != 32 && x_group != 128)
+      throw bad(fmt::format("x_group = {} must be 16, 32 or 128 (x_dtype = {})", x_group, dtype_name(x_dtype)));
+    if (N % x_group) throw bad(fmt::format("x_group = {} does not divide N = {} (x_dtype = {})", x_group, N, dtype_name(x_dtype)));
+  }
 }
 
 std::string NormDesc::str() const {
@@ -154,6 +218,15 @@ std::string NormDesc::str() const {
                      store_residual_out ? fmt::format(" residual_out={}", dtype_name(residual_out_dtype)) : "",
                      residual_rounding_name(residual_rounding));
   if (cast_mode != CastMode::Default) s += fmt::format(" cast={}", cast_mode_name(cast_mode));
+  if (is_fp8(x_dtype)) s += fmt::format(" x_group={}", x_group);
+  if (quant != QuantScaling::None) {
+    s += fmt::format(" quant={}", quant_scaling_name(quant));
+    if (quant == QuantScaling::Group)
+      s += fmt::format("{}{}{}", quant_group, scale_ue8m0 ? ":ue8m0" : "", scale_col_major ? ":colmajor" : "");
+    if (scale_ub != 0.f) s += fmt::format(" scale_ub={}", scale_ub);
+    if (store_y_hp) s += fmt::format(" y_hp={}", dtype_name(y_hp_dtype));
+    if (store_y_t) s += " transpose";
+  }
   return s;
 }
 

@@ -31,16 +31,52 @@ typedef struct CUstream_st* CUstream;
 namespace normjit {
 
 /// Element types of tensors. fp32 = IEEE binary32, fp16 = IEEE binary16,
-/// bf16 = bfloat16 (8-bit exponent, 7-bit mantissa).
-enum class DType : std::uint8_t { F32 = 0, F16 = 1, BF16 = 2 };
+/// bf16 = bfloat16 (8-bit exponent, 7-bit mantissa). E4M3 and E5M2 are the
+/// OCP FP8 formats (v1.0; E4M3 "fn": no infinities, largest finite 448;
+/// E5M2: largest finite 57344), for quantized y and FP8 x. E8M0 is the
+/// MX shared-exponent scale (2^(code - 127), 0xff NaN); only scales use it.
+enum class DType : std::uint8_t { F32 = 0, F16 = 1, BF16 = 2, E4M3 = 3, E5M2 = 4, E8M0 = 5 };
 
-/// "fp32", "fp16" or "bf16".
+/// "fp32", "fp16", "bf16", "e4m3", "e5m2" or "e8m0".
 const char* dtype_name(DType t);
-/// Size of one element in bytes (4 or 2).
+/// Size of one element in bytes (4, 2 or 1).
 int dtype_size(DType t);
-/// Parses "fp32"/"f32"/"float32", "fp16"/"f16"/"float16"/"half", "bf16"/"bfloat16".
+/// E4M3 or E5M2.
+inline bool is_fp8(DType t) { return t == DType::E4M3 || t == DType::E5M2; }
+/// The largest finite value of an FP8 dtype (448 or 57344).
+float fp8_max(DType t);
+/// Parses "fp32"/"f32"/"float32", "fp16"/"f16"/"float16"/"half", "bf16"/"bfloat16",
+/// "e4m3"/"fp8_e4m3"/"float8_e4m3fn", "e5m2"/"fp8_e5m2"/"float8_e5m2".
 /// Throws Error(InvalidArgument) naming `what` and the text otherwise.
 DType parse_dtype(const std::string& text, const char* what = "dtype");
+
+/// How a quantized (FP8) y is scaled. One convention everywhere: scales
+/// are dequantization scales, x ~= q * scale, and q = saturate(round(y / scale))
+/// (round to nearest even, saturated to the finite range, NaN kept), with y
+/// the fp32 output of the norm and fmax = fp8_max(y_dtype):
+///   TensorStatic: the caller's scale (y_scale, [1] fp32, an input).
+///   Tensor:       current scaling: amax = max |y| over the whole output
+///                 (written to `amax`), scale = max(amax / fmax, kMinScale)
+///                 ([1] fp32). Two launches: the first finds amax (reading x
+///                 once), the second recomputes y and quantizes.
+///   Token:        per row: scale[i] = max(amax_i / fmax, kMinScale), capped
+///                 at scale_ub when scale_ub > 0 ([M] fp32).
+///   Group:        per 1 x G group of a row (G = quant_group: 16, 32, 64 or
+///                 128): scale[i, g] = max(amax_ig / fmax, kMinScale),
+///                 rounded up to a power of two with scale_ue8m0 ([M, N / G]
+///                 fp32, row-major; scale_col_major: [N / G, M] with row
+///                 stride scale_stride, the layout DeepGEMM-style GEMMs read).
+///   MX:           OCP MX v1.0 MXFP8: 1 x 32 groups with a shared exponent
+///                 e = clamp(floor(log2(amax_ig)) - emax, -127, 127) (emax = 8
+///                 for E4M3, 15 for E5M2; an all-zero group gets -127),
+///                 scale = 2^e stored as E8M0 (uint8 e + 127, [M, N / 32]).
+/// kMinScale guards all-zero groups (their q is 0).
+enum class QuantScaling : std::uint8_t { None = 0, TensorStatic = 1, Tensor = 2, Token = 3, Group = 4, MX = 5 };
+/// The smallest scale a computed scale may have: 2^-126 (the smallest normal
+/// fp32), so 1 / scale is finite.
+inline constexpr float kMinScale = 0x1p-126f;
+/// "none", "tensor-static", "tensor", "token", "group", "mx32".
+const char* quant_scaling_name(QuantScaling q);
 
 /// The normalisation a descriptor asks for.
 ///   RMSNorm (Zhang & Sennrich 2019): y = x * rstd * w',
@@ -175,9 +211,25 @@ struct NormDesc {
   CastMode cast_mode = CastMode::Default;
   bool store_rstd = true;        ///< forward writes rstd (fp32, length M)
   bool store_mean = true;        ///< LayerNorm forward writes mean (fp32, length M)
+  // FP8 (see DType and QuantScaling). A quantized y: y_dtype E4M3 or E5M2 and
+  // quant != None. An FP8 x: x_dtype E4M3 or E5M2 with one fp32 scale per
+  // 1 x x_group elements (x = q * x_scale[i, j / x_group], COAT-style).
+  QuantScaling quant = QuantScaling::None;  ///< how an FP8 y is scaled; None for fp32/fp16/bf16 y
+  int quant_group = 128;          ///< Group: G, 16, 32, 64 or 128, divides N (MX: always 32)
+  bool scale_ue8m0 = false;       ///< Group: scales rounded up to powers of two (UE8M0 values, kept in fp32)
+  bool scale_col_major = false;   ///< Group: scales [N / G, M] instead of [M, N / G]
+  std::int64_t scale_stride = 0;  ///< Group, column-major: elements between the scale rows of two groups (0: M; else >= M)
+  float scale_ub = 0.f;           ///< Token: upper bound on a row's scale (0: none)
+  bool store_y_hp = false;        ///< quantized y: also write y unquantized to y_hp (y's strides, y_hp_dtype)
+  DType y_hp_dtype = DType::BF16; ///< y_hp: fp32, fp16 or bf16
+  bool store_y_t = false;         ///< TensorStatic / Tensor: also write q transposed, [N, M] (row stride M), y_dtype
+  int x_group = 16;               ///< FP8 x: QB, elements per x scale: 16, 32 or 128, divides N
+  DType grad_dtype = DType::BF16; ///< backward with an FP8 x or y: dtype of dy and dx (fp32, fp16, bf16)
 
   /// Throws Error(InvalidArgument) naming the first bad field and its value.
   void validate() const;
+  /// The FP8 fields' part of validate().
+  void validate_fp8() const;
   /// "rms 8192x4096 x=bf16 y=bf16 w=bf16" plus the variant's flags.
   std::string str() const;
   /// Element offsets between consecutive heads and tokens (0 resolved).
@@ -194,6 +246,14 @@ struct NormDesc {
   std::int64_t dresidual_ld() const { return dresidual_stride ? dresidual_stride : N; }
   /// The dtype of the tensor the norm reads: h with a residual, else x.
   DType normed_dtype() const { return residual ? residual_out_dtype : x_dtype; }
+  /// The backward's dy and dx dtypes: y's and x's, or grad_dtype for FP8 ones.
+  DType dy_dtype() const { return is_fp8(y_dtype) ? grad_dtype : y_dtype; }
+  DType dx_dtype() const { return is_fp8(x_dtype) ? grad_dtype : x_dtype; }
+  /// Columns of the scale tensor of a Group / MX quantized y (N / G), of an FP8 x (N / x_group).
+  std::int64_t quant_groups() const { return N / (quant == QuantScaling::MX ? 32 : quant_group); }
+  std::int64_t x_groups() const { return N / x_group; }
+  /// Row stride of column-major group scales.
+  std::int64_t scale_ld() const { return scale_stride ? scale_stride : M; }
 };
 
 /// Device tensors of a forward call. Which must be non-null follows the
@@ -209,19 +269,28 @@ struct ForwardTensors {
   void* residual_out = nullptr;    ///< [M, N], residual_out_dtype: h = x + residual
   float* mean = nullptr;           ///< [M] fp32
   float* rstd = nullptr;           ///< [M] fp32
+  const float* x_scale = nullptr;  ///< FP8 x: [M, N / x_group] fp32, row-major
+  /// Quantized y: its scales (QuantScaling): TensorStatic reads it ([1]
+  /// fp32); the others write it: Tensor [1], Token [M], Group [M, N / G]
+  /// (or [N / G, scale_ld()] column-major) fp32; MX [M, N / 32] E8M0 bytes.
+  void* y_scale = nullptr;
+  float* amax = nullptr;           ///< Tensor: [1] fp32, max |y| of this call (delayed-scaling history)
+  void* y_hp = nullptr;            ///< store_y_hp: [M, N] rows (y's strides), y_hp_dtype
+  void* y_t = nullptr;             ///< store_y_t: [N, M] y_dtype, q transposed
 };
 
 /// Device tensors of a backward call. dy, x, rstd, dx always; weight,
 /// dweight with has_weight; dbias with has_bias; mean for LayerNorm;
 /// dresidual with has_dresidual; workspace when backward_workspace_size > 0.
 struct BackwardTensors {
-  const void* dy = nullptr;         ///< [M, N] rows, y_dtype
+  const void* dy = nullptr;         ///< [M, N] rows, dy_dtype() (y_dtype, or grad_dtype for an FP8 y)
   const void* x = nullptr;          ///< the normalised input: x, or h = residual_out with a residual
   const void* weight = nullptr;     ///< [N], weight_dtype
   const float* mean = nullptr;      ///< [M] fp32 from the forward (LayerNorm)
   const float* rstd = nullptr;      ///< [M] fp32 from the forward
   const void* dresidual = nullptr;  ///< [M, N] residual_out_dtype: gradient reaching residual_out
-  void* dx = nullptr;               ///< [M, N] rows, x_dtype: dL/dx (= dL/dresidual with a residual)
+  const float* x_scale = nullptr;   ///< FP8 x: [M, N / x_group] fp32, as in the forward
+  void* dx = nullptr;               ///< [M, N] rows, dx_dtype() (x_dtype, or grad_dtype for an FP8 x): dL/dx (= dL/dresidual with a residual)
   void* dweight = nullptr;          ///< [N], weight_dtype, overwritten
   void* dbias = nullptr;            ///< [N], weight_dtype, overwritten
   void* workspace = nullptr;        ///< backward_workspace_size(desc) bytes

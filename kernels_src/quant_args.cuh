@@ -1,0 +1,19 @@
+// The FP8 arguments of the forward kernel, a second parameter beside
+// NormArgs (which the backward shares). Plain C++: the engine includes this
+// file to fill it, so host and device agree on the layout.
+#pragma once
+
+namespace nj {
+
+struct QuantArgs {
+  const float* x_scale;  // FP8 x: [M, N / XGROUP] fp32, x = q * x_scale
+  void* scale;           // y's scales: fp32 ([1], [M], [M, N / G] or [N / G, scale_ld]) or E8M0 bytes (MX)
+  float* amax;           // per-tensor current scaling: [1], max |y|
+  void* y_hp;            // y unquantized, y's strides
+  void* y_t;             // q transposed: [N, M]
+  long long scale_ld;    // column-major group scales: elements between two groups' scale rows
+  float scale_ub;        // per-token: upper bound on a scale (0: none)
+  int phase;             // per-tensor current scaling: 0 finds amax, 1 quantizes
+};
+
+}  // namespace nj
