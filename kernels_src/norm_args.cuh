@@ -29,6 +29,7 @@ struct NormArgs {
   long long x_ld, x_hs, y_ld, y_hs, dy_ld, dy_hs, dx_ld, dx_hs;
   long long res_ld, res_out_ld, dres_ld;
   float eps;
+  const float* x_scale;  // FP8 x (forward and backward): [M, N / XGROUP] fp32, x = q * x_scale
 };
 
 }  // namespace nj

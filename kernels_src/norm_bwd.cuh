@@ -24,6 +24,8 @@
 // STAGES shared-memory buffers with cp.async (STAGES * ROWS * SLICE *
 // (sizeof x_t + sizeof y_t) bytes of dynamic shared memory; rows must split
 // exactly into chunks); STAGES == 0 double-buffers rows in registers.
+// XGROUP > 0: x is FP8 with one fp32 scale per XGROUP elements of a row
+// (a.x_scale, [M, N / XGROUP]): x = q * scale wherever x is used.
 #pragma once
 #include "common.cuh"
 #include "norm_args.cuh"
@@ -67,8 +69,19 @@ template <class S> struct BwdRow {
   using L = Layout<S>;
   Vec<typename S::x_t, S::VEC> x[L::ITERS];
   Vec<typename S::y_t, S::VEC> dy[L::ITERS];
+  float xsc[S::XGROUP > 0 ? L::ITERS : 1];  // FP8 x: each chunk's scale
   float r, mu;
   bool valid;
+
+  // Element k of chunk i of x, in fp32 (dequantized).
+  __device__ __forceinline__ float xv(int i, int k) const {
+    if constexpr (S::XGROUP > 0) return to_float(x[i].v[k]) * xsc[i];
+    else return to_float(x[i].v[k]);
+  }
+  // The FP8 scale of chunk i at column col of row `row` (a chunk lies in one group).
+  __device__ __forceinline__ void load_scale(const NormArgs& a, long long row, int i, int col, bool in) {
+    if constexpr (S::XGROUP > 0) xsc[i] = in ? a.x_scale[row * (S::N / S::XGROUP) + col / S::XGROUP] : 0.f;
+  }
 
   __device__ __forceinline__ void stats(const NormArgs& a, long long row) {
     valid = row < a.M;
@@ -87,7 +100,9 @@ template <class S> struct BwdRow {
       if (valid && tc.in(i)) {
         x[i] = load_chunk<S::N, S::VEC>(xr, col, L::EXACT);
         dy[i] = load_chunk<S::N, S::VEC>(dyr, col, L::EXACT);
+        load_scale(a, rr, i, col, true);
       } else {
+        load_scale(a, rr, i, col, false);
 #pragma unroll
         for (int k = 0; k < S::VEC; ++k) {
           x[i].v[k] = from_float<typename S::x_t>(0.f);
@@ -203,7 +218,7 @@ __device__ __forceinline__ void bwd_row(const NormArgs& a, const BwdRow<S>& R, S
     for (int k = 0; k < S::VEC; ++k)
       if (L::EXACT || (tc.in(i) && col + k < S::N)) {
         const float g = to_float(R.dy[i].v[k]) * share.weight(i, k, col + k);
-        c[0] += g * (to_float(R.x[i].v[k]) - R.mu);
+        c[0] += g * (R.xv(i, k) - R.mu);
         if constexpr (S::LAYERNORM) c[1] += g;
       }
   }
@@ -221,7 +236,7 @@ __device__ __forceinline__ void bwd_row(const NormArgs& a, const BwdRow<S>& R, S
       Vec<typename S::dx_t, S::VEC> dxv;
 #pragma unroll
       for (int k = 0; k < S::VEC; ++k) {
-        const float xh = (to_float(R.x[i].v[k]) - R.mu) * R.r;
+        const float xh = (R.xv(i, k) - R.mu) * R.r;
         const float d = to_float(R.dy[i].v[k]);
         float v = R.r * (d * share.weight(i, k, col + k) - c1 - xh * c2);
         if constexpr (S::DRES) v += to_float(dr.v[k]);
@@ -352,7 +367,9 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
         if (tc.in(i)) {
           cur.x[i] = *reinterpret_cast<const nj::Vec<x_t, S::VEC>*>(xs + off + col);
           cur.dy[i] = *reinterpret_cast<const nj::Vec<y_t, S::VEC>*>(dys + off + col);
+          cur.load_scale(a, cur.valid ? row : 0, i, col, true);
         } else {  // past the row: zeros, so the row sums see nothing
+          cur.load_scale(a, 0, i, col, false);
 #pragma unroll
           for (int k = 0; k < S::VEC; ++k) {
             cur.x[i].v[k] = nj::from_float<x_t>(0.f);
@@ -406,18 +423,23 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
         if constexpr (S::HAS_W) return nj::to_float(wv.v[k]) + S::W_OFFSET;
         else return 1.f;
       };
+      auto x_scale = [&](int col) {  // FP8 x: the chunk's group scale
+        if constexpr (S::XGROUP > 0) return a.x_scale[row * (S::N / S::XGROUP) + col / S::XGROUP];
+        else return 1.f;
+      };
       float c[2] = {0.f, 0.f};
 #pragma unroll 4
       for (int cidx = lane; cidx < L::CHUNKS; cidx += S::TPR) {
         const int col = cidx * S::VEC;
         const auto xv = nj::load_chunk<S::N, S::VEC>(xr, col, L::EXACT);
         const auto dyv = nj::load_chunk<S::N, S::VEC>(dyr, col, L::EXACT);
+        const float xsc = x_scale(col);
         nj::Vec<w_t, S::VEC> wv;
         if constexpr (S::HAS_W) wv = nj::load_chunk<S::N, S::VEC>(w, col, L::EXACT);
 #pragma unroll
         for (int k = 0; k < S::VEC; ++k) {
           const float g = nj::to_float(dyv.v[k]) * wprime(wv, k);
-          c[0] += g * (nj::to_float(xv.v[k]) - mu);  // padding reads as 0: g = 0 there
+          c[0] += g * (nj::to_float(xv.v[k]) * xsc - mu);  // padding reads as 0: g = 0 there
           if constexpr (S::LAYERNORM) c[1] += g;
         }
       }
@@ -433,9 +455,10 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
         nj::Vec<ro_t, S::VEC> dr;
         if constexpr (S::DRES) dr = nj::load_chunk<S::N, S::VEC>(drr, col, L::EXACT);
         nj::Vec<dx_t, S::VEC> dxv;
+        const float xsc = x_scale(col);
 #pragma unroll
         for (int k = 0; k < S::VEC; ++k) {
-          const float xh = (nj::to_float(xv.v[k]) - mu) * r;
+          const float xh = (nj::to_float(xv.v[k]) * xsc - mu) * r;
           const float d = nj::to_float(dyv.v[k]);
           float v = r * (d * wprime(wv, k) - c1 - xh * c2);
           if constexpr (S::DRES) v += nj::to_float(dr.v[k]);

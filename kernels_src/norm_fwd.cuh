@@ -6,8 +6,10 @@
 // in fp32 (LLAMA: xhat rounded to x_t before the weight), rounded once to y.
 //
 // FP8: an FP8 x is dequantized on load (x = q * x_scale[row, col / XGROUP]);
-// a quantized y (QUANT, see quant.cuh) is written as FP8 codes with its
-// scales, and optionally y unquantized (STORE_YHP) and q transposed (STORE_YT).
+// a quantized y (QUANT) is written as FP8 codes with its scales, and
+// optionally y unquantized (STORE_YHP) and q transposed (STORE_YT). The
+// quantization helpers come from Spec::Q (nj::QuantOps, quant.cuh), which
+// only quantized variants include: the other kernels do not depend on it.
 //
 // Specialised by a prelude that defines `struct Spec` before including this
 // file: using x_t, y_t, w_t, r_t, ro_t, h_t, yhp_t, index_t; constexpr int N,
@@ -15,14 +17,15 @@
 // TWO_PASS, STORE_RSTD, STORE_MEAN, HAS_W, HAS_B, RESIDUAL, STORE_RES,
 // ROUND_RES, LLAMA, HEADS, UE8M0, COLMAJOR, STORE_YHP, STORE_YT; constexpr
 // float W_OFFSET. h_t is the type a cached row is kept in (x_t, r_t when the
-// sum is rounded, else float; float for an FP8 x). One program (CTA) of TPR * ROWS threads normalises
+// sum is rounded, else float; float for an FP8 x). Quantized variants also
+// define `using Q = nj::QuantOps`. One program (CTA) of TPR * ROWS threads normalises
 // ROWS rows at a time; with CLUSTER > 1, the CLUSTER CTAs of a cluster
 // normalise one row, each holding a slice of it in registers (wide rows read
 // once, or a decode row spread over several SMs).
 #pragma once
 #include "common.cuh"
 #include "norm_args.cuh"
-#include "quant.cuh"
+#include "quant_args.cuh"
 
 namespace nj {
 
@@ -46,7 +49,7 @@ template <class S> struct FwdRow {
     ro = static_cast<typename S::ro_t*>(a.residual_out) + (S::STORE_RES ? (index_t)row * (index_t)a.res_out_ld : 0);
     yhp = static_cast<typename S::yhp_t*>(q.y_hp) + (S::STORE_YHP ? yo : 0);
     yt = static_cast<typename S::y_t*>(q.y_t) + (S::STORE_YT ? row : 0);
-    xs = q.x_scale + (S::XGROUP > 0 ? (index_t)row * (S::N / (S::XGROUP > 0 ? S::XGROUP : 1)) : 0);
+    xs = a.x_scale + (S::XGROUP > 0 ? (index_t)row * (S::N / (S::XGROUP > 0 ? S::XGROUP : 1)) : 0);
     M = a.M;
   }
 
@@ -108,7 +111,7 @@ template <class S> struct FwdRow {
       for (int k = 0; k < S::VEC; ++k) yv.v[k] = from_float<typename S::y_t>(v[k]);
       store_chunk<S::N, S::VEC>(y, col, yv, exact);
     } else {
-      const Vec<typename S::y_t, S::VEC> qv = quantize<typename S::y_t>(v, inv);
+      const Vec<typename S::y_t, S::VEC> qv = S::Q::template quantize<typename S::y_t, S::VEC>(v, inv);
       store_chunk<S::N, S::VEC>(y, col, qv, exact);
       if constexpr (S::STORE_YHP) {
         Vec<typename S::yhp_t, S::VEC> hv;
@@ -135,54 +138,6 @@ __device__ __forceinline__ void load_wb(const NormArgs& a, int col, bool exact, 
 }
 
 }  // namespace nj
-
-// Scales of a quantized y that a whole row (Token) or tensor (Tensor,
-// TensorStatic) shares: 1 / scale, from the row's amax for Token.
-template <class S>
-__device__ __forceinline__ float shared_inv_scale(const nj::QuantArgs& q, float row_amax, bool lane0, long long row) {
-  using y_t = typename S::y_t;
-  if constexpr (S::QUANT == nj::Q_TENSOR_STATIC) {
-    return 1.f / *static_cast<const float*>(q.scale);
-  } else if constexpr (S::QUANT == nj::Q_TENSOR) {
-    // Phase 1: the amax phase 0 left; every program derives the same scale.
-    const float sc = nj::scale_of<y_t>(*q.amax);
-    if (lane0 && row == 0) *static_cast<float*>(q.scale) = sc;
-    return 1.f / sc;
-  } else if constexpr (S::QUANT == nj::Q_TOKEN) {
-    float sc = nj::scale_of<y_t>(row_amax);
-    if (q.scale_ub > 0.f) sc = fminf(sc, q.scale_ub);
-    if (lane0) static_cast<float*>(q.scale)[row] = sc;
-    return 1.f / sc;
-  } else {
-    return 1.f;
-  }
-}
-
-// Group and MX scales: the chunk's values `v` at column `col` of row `row`;
-// the LANES = QGROUP / VEC lanes of a group meet in group_max (all of them
-// call this together). Returns 1 / scale; the group's first lane writes it.
-template <class S>
-__device__ __forceinline__ float group_inv_scale(const nj::QuantArgs& q, const float (&v)[S::VEC], int col,
-                                                 long long row, long long M) {
-  using y_t = typename S::y_t;
-  constexpr int LANES = S::QGROUP / S::VEC;
-  float am = 0.f;
-#pragma unroll
-  for (int k = 0; k < S::VEC; ++k) am = fmaxf(am, fabsf(v[k]));
-  am = nj::group_max<LANES>(am);
-  const bool first = (col / S::VEC) % LANES == 0;
-  const long long g = col / S::QGROUP;
-  if constexpr (S::QUANT == nj::Q_MX) {
-    const int e = nj::mx_exponent<y_t>(am);
-    if (first) static_cast<unsigned char*>(q.scale)[row * (S::N / S::QGROUP) + g] = static_cast<unsigned char>(e + 127);
-    return nj::exp2i(-e);
-  } else {
-    float sc = nj::scale_of<y_t>(am);
-    if constexpr (S::UE8M0) sc = nj::pow2_ceil(sc);
-    if (first) static_cast<float*>(q.scale)[S::COLMAJOR ? g * q.scale_ld + row : row * (S::N / S::QGROUP) + g] = sc;
-    return 1.f / sc;
-  }
-}
 
 // One program's ROWS rows (`group` of them), or with CLUSTER > 1 the
 // cluster's row. Tensor quantization, phase 0: only the rows' amax, into
@@ -327,9 +282,10 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         amax_acc = fmaxf(amax_acc, row_amax);
         return;
       }
-      if constexpr (S::QUANT == nj::Q_TOKEN) row_amax = nj::row_max<S::TPR, S::ROWS>(row_amax, redmax);
+      if constexpr (S::QUANT == nj::Q_TOKEN) row_amax = S::Q::template row_max<S::TPR, S::ROWS>(row_amax, redmax);
     }
-    const float inv = shared_inv_scale<S>(q, row_amax, valid && lane == 0, row);
+    float inv = 1.f;  // 1 / the scale a row or the tensor shares
+    if constexpr (S::QUANT != nj::Q_NONE) inv = S::Q::template shared_inv_scale<S>(q, row_amax, valid && lane == 0, row);
 #pragma unroll
     for (int i = 0; i < L::ITERS; ++i) {
       const int col = tc.col(i);
@@ -338,7 +294,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         float v[S::VEC];
         chunk_y(i, v);
         float gi = inv;
-        if constexpr (GROUPED) gi = group_inv_scale<S>(q, v, col, row, a.M);
+        if constexpr (GROUPED) gi = S::Q::template group_inv_scale<S>(q, v, col, row);
         R.store_y(col, L::EXACT, v, row, gi);
       }
     }
@@ -392,9 +348,10 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         amax_acc = fmaxf(amax_acc, row_amax);
         return;
       }
-      if constexpr (S::QUANT == nj::Q_TOKEN) row_amax = nj::row_max<S::TPR, S::ROWS>(row_amax, redmax);
+      if constexpr (S::QUANT == nj::Q_TOKEN) row_amax = S::Q::template row_max<S::TPR, S::ROWS>(row_amax, redmax);
     }
-    const float inv = shared_inv_scale<S>(q, row_amax, valid && lane == 0, row);
+    float inv = 1.f;  // 1 / the scale a row or the tensor shares
+    if constexpr (S::QUANT != nj::Q_NONE) inv = S::Q::template shared_inv_scale<S>(q, row_amax, valid && lane == 0, row);
     if (valid) {
       // A group's lanes run the same iterations (TPR and the chunk count are
       // multiples of the lanes of a group), so they meet in group_max.
@@ -403,7 +360,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         float v[S::VEC];
         chunk_y(c, v);
         float gi = inv;
-        if constexpr (GROUPED) gi = group_inv_scale<S>(q, v, c * S::VEC, row, a.M);
+        if constexpr (GROUPED) gi = S::Q::template group_inv_scale<S>(q, v, c * S::VEC, row);
         R.store_y(c * S::VEC, L::EXACT, v, row, gi);
       }
     }
@@ -426,7 +383,7 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
     for (long long g = blockIdx.x; g * S::ROWS < a.M; g += gridDim.x) norm_fwd_rows<S>(a, q, g, amax_acc);
   }
   if constexpr (S::QUANT == nj::Q_TENSOR)
-    if (q.phase == 0) nj::block_max_to(amax_acc, q.amax);
+    if (q.phase == 0) S::Q::block_max_to(amax_acc, q.amax);
 }
 
 extern "C" __global__ void __launch_bounds__(Spec::TPR * Spec::ROWS)

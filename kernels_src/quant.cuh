@@ -1,6 +1,9 @@
 // Quantized (FP8) outputs of the forward: scales from amax, the maxima over
-// a row, a group of lanes and a block. One convention (see normjit.hpp,
-// QuantScaling): scales dequantize, y ~= q * scale, q = sat(rne(y / scale)).
+// a row, a group of lanes and a block, as QuantOps, which a quantized
+// variant's Spec names (`using Q = nj::QuantOps`); norm_fwd.cuh reaches them
+// only through Spec::Q, so kernels without a quantized y do not include
+// this file. One convention (see normjit.hpp, QuantScaling): scales
+// dequantize, y ~= q * scale, q = sat(rne(y / scale)).
 #pragma once
 #include "common.cuh"
 #include "fp8.cuh"
@@ -8,90 +11,137 @@
 
 namespace nj {
 
-// Spec::QUANT values, as QuantScaling numbers them.
-enum : int { Q_NONE = 0, Q_TENSOR_STATIC = 1, Q_TENSOR = 2, Q_TOKEN = 3, Q_GROUP = 4, Q_MX = 5 };
-
-// The largest of v over the TPR threads of a row (all threads of the block
-// call it: it may hold a barrier). fmaxf drops NaN: amax ignores NaN inputs.
-template <int TPR, int ROWS>
-__device__ __forceinline__ float row_max(float v, float (*smem)[kWarpsPerRow<TPR>]) {
+struct QuantOps {
+  // The largest of v over the TPR threads of a row (all threads of the block
+  // call it: it may hold a barrier). fmaxf drops NaN: amax ignores NaN inputs.
+  template <int TPR, int ROWS>
+  static __device__ __forceinline__ float row_max(float v, float (*smem)[kWarpsPerRow<TPR>]) {
 #pragma unroll
-  for (int o = (TPR < 32 ? TPR : 32) / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  if constexpr (TPR > 32) {
-    const int rg = threadIdx.x / TPR, w = (threadIdx.x % TPR) / 32;
-    if (threadIdx.x % 32 == 0) smem[rg][w] = v;
+    for (int o = (TPR < 32 ? TPR : 32) / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if constexpr (TPR > 32) {
+      const int rg = threadIdx.x / TPR, w = (threadIdx.x % TPR) / 32;
+      if (threadIdx.x % 32 == 0) smem[rg][w] = v;
+      __syncthreads();
+      v = 0.f;
+#pragma unroll
+      for (int i = 0; i < TPR / 32; ++i) v = fmaxf(v, smem[rg][i]);
+      __syncthreads();
+    }
+    return v;
+  }
+
+  // The largest of v over the LANES (a power of two <= 32) aligned lanes that
+  // hold one group; only those lanes take part, so groups may diverge.
+  template <int LANES> static __device__ __forceinline__ float group_max(float v) {
+    if constexpr (LANES > 1) {
+      const unsigned lane = threadIdx.x % 32;
+      const unsigned mask = LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1u) << (lane & ~(LANES - 1u));
+#pragma unroll
+      for (int o = LANES / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(mask, v, o));
+    }
+    return v;
+  }
+
+  // max(v over the block) into *out with one atomic: non-negative floats
+  // order as their bit patterns, so an unsigned atomicMax is a float max.
+  static __device__ __forceinline__ void block_max_to(float v, float* out) {
+    __shared__ float warp_max[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
     __syncthreads();
-    v = 0.f;
-#pragma unroll
-    for (int i = 0; i < TPR / 32; ++i) v = fmaxf(v, smem[rg][i]);
-    __syncthreads();
-  }
-  return v;
-}
-
-// The largest of v over the LANES (a power of two <= 32) aligned lanes that
-// hold one group; only those lanes take part, so groups may diverge.
-template <int LANES> __device__ __forceinline__ float group_max(float v) {
-  if constexpr (LANES > 1) {
-    const unsigned lane = threadIdx.x % 32;
-    const unsigned mask = LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1u) << (lane & ~(LANES - 1u));
-#pragma unroll
-    for (int o = LANES / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(mask, v, o));
-  }
-  return v;
-}
-
-// max(v over the block) into *out with one atomic: non-negative floats order
-// as their bit patterns, so an unsigned atomicMax is a float max.
-__device__ __forceinline__ void block_max_to(float v, float* out) {
-  __shared__ float warp_max[32];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float m = 0.f;
-    for (int i = 0; i < (int)(blockDim.x + 31) / 32; ++i) m = fmaxf(m, warp_max[i]);
-    atomicMax(reinterpret_cast<unsigned*>(out), __float_as_uint(m));
-  }
-}
-
-// A dequantization scale from amax: amax / fmax, at least 2^-126 (kMinScale)
-// so that an all-zero group has a finite 1 / scale (and q = 0).
-template <class Q> __device__ __forceinline__ float scale_of(float amax) {
-  return fmaxf(amax / Fp8Limits<Q>::MAX, 0x1p-126f);
-}
-// s rounded up to a power of two (UE8M0 scales): y / scale stays in range.
-__device__ __forceinline__ float pow2_ceil(float s) {
-  unsigned b = __float_as_uint(s);
-  if (b & 0x7fffffu) b = (b & 0xff800000u) + 0x800000u;
-  return __uint_as_float(b);
-}
-// OCP MX v1.0 shared exponent of a block: floor(log2(amax)) - emax, clamped
-// to E8M0's range [-127, 127] (all-zero and subnormal blocks: -127).
-template <class Q> __device__ __forceinline__ int mx_exponent(float amax) {
-  const int e = amax >= 0x1p-126f ? static_cast<int>(__float_as_uint(amax) >> 23) - 127 : -127;
-  return max(-127, min(127, e - Fp8Limits<Q>::EMAX));
-}
-// 2^e for e in [-127, 127] (2^-127 is an fp32 subnormal).
-__device__ __forceinline__ float exp2i(int e) {
-  return e >= -126 ? __uint_as_float(static_cast<unsigned>(e + 127) << 23) : 0x1p-127f;
-}
-
-// VEC floats times `inv` to FP8 codes, two per conversion.
-template <class Q, int VEC> __device__ __forceinline__ Vec<Q, VEC> quantize(const float (&v)[VEC], float inv) {
-  Vec<Q, VEC> q;
-  if constexpr (VEC == 1) {
-    q.v[0] = from_float<Q>(v[0] * inv);
-  } else {
-#pragma unroll
-    for (int k = 0; k < VEC; k += 2) {
-      const unsigned short p = fp8x2<Q>(v[k] * inv, v[k + 1] * inv);
-      q.v[k].bits = static_cast<unsigned char>(p & 0xffu);
-      q.v[k + 1].bits = static_cast<unsigned char>(p >> 8);
+    if (threadIdx.x == 0) {
+      float m = 0.f;
+      for (int i = 0; i < (int)(blockDim.x + 31) / 32; ++i) m = fmaxf(m, warp_max[i]);
+      atomicMax(reinterpret_cast<unsigned*>(out), __float_as_uint(m));
     }
   }
-  return q;
-}
+
+  // A dequantization scale from amax: amax / fmax, at least 2^-126
+  // (kMinScale) so that an all-zero group has a finite 1 / scale (and q = 0).
+  template <class Q> static __device__ __forceinline__ float scale_of(float amax) {
+    return fmaxf(amax / Fp8Limits<Q>::MAX, 0x1p-126f);
+  }
+  // s rounded up to a power of two (UE8M0 scales): y / scale stays in range.
+  static __device__ __forceinline__ float pow2_ceil(float s) {
+    unsigned b = __float_as_uint(s);
+    if (b & 0x7fffffu) b = (b & 0xff800000u) + 0x800000u;
+    return __uint_as_float(b);
+  }
+  // OCP MX v1.0 shared exponent of a block: floor(log2(amax)) - emax,
+  // clamped to E8M0's range [-127, 127] (all-zero and subnormal blocks: -127).
+  template <class Q> static __device__ __forceinline__ int mx_exponent(float amax) {
+    const int e = amax >= 0x1p-126f ? static_cast<int>(__float_as_uint(amax) >> 23) - 127 : -127;
+    return max(-127, min(127, e - Fp8Limits<Q>::EMAX));
+  }
+  // 2^e for e in [-127, 127] (2^-127 is an fp32 subnormal).
+  static __device__ __forceinline__ float exp2i(int e) {
+    return e >= -126 ? __uint_as_float(static_cast<unsigned>(e + 127) << 23) : 0x1p-127f;
+  }
+
+  // VEC floats times `inv` to FP8 codes, two per conversion.
+  template <class Q, int VEC> static __device__ __forceinline__ Vec<Q, VEC> quantize(const float (&v)[VEC], float inv) {
+    Vec<Q, VEC> q;
+    if constexpr (VEC == 1) {
+      q.v[0] = from_float<Q>(v[0] * inv);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; k += 2) {
+        const unsigned short p = fp8x2<Q>(v[k] * inv, v[k + 1] * inv);
+        q.v[k].bits = static_cast<unsigned char>(p & 0xffu);
+        q.v[k + 1].bits = static_cast<unsigned char>(p >> 8);
+      }
+    }
+    return q;
+  }
+
+  // 1 / the scale a whole row (Token) or tensor (Tensor, TensorStatic)
+  // shares, from the row's amax for Token; lane 0 of a row writes it.
+  template <class S>
+  static __device__ __forceinline__ float shared_inv_scale(const QuantArgs& q, float row_amax, bool lane0, long long row) {
+    using y_t = typename S::y_t;
+    if constexpr (S::QUANT == Q_TENSOR_STATIC) {
+      return 1.f / *static_cast<const float*>(q.scale);
+    } else if constexpr (S::QUANT == Q_TENSOR) {
+      // Phase 1: the amax phase 0 left; every program derives the same scale.
+      const float sc = scale_of<y_t>(*q.amax);
+      if (lane0 && row == 0) *static_cast<float*>(q.scale) = sc;
+      return 1.f / sc;
+    } else if constexpr (S::QUANT == Q_TOKEN) {
+      float sc = scale_of<y_t>(row_amax);
+      if (q.scale_ub > 0.f) sc = fminf(sc, q.scale_ub);
+      if (lane0) static_cast<float*>(q.scale)[row] = sc;
+      return 1.f / sc;
+    } else {
+      return 1.f;
+    }
+  }
+
+  // Group and MX scales of the chunk `v` at column `col` of row `row`; the
+  // LANES = QGROUP / VEC lanes of a group meet in group_max (all of them call
+  // this together). Returns 1 / scale; the group's first lane writes it.
+  template <class S>
+  static __device__ __forceinline__ float group_inv_scale(const QuantArgs& q, const float (&v)[S::VEC], int col,
+                                                          long long row) {
+    using y_t = typename S::y_t;
+    constexpr int LANES = S::QGROUP / S::VEC;
+    float am = 0.f;
+#pragma unroll
+    for (int k = 0; k < S::VEC; ++k) am = fmaxf(am, fabsf(v[k]));
+    am = group_max<LANES>(am);
+    const bool first = (col / S::VEC) % LANES == 0;
+    const long long g = col / S::QGROUP;
+    if constexpr (S::QUANT == Q_MX) {
+      const int e = mx_exponent<y_t>(am);
+      if (first) static_cast<unsigned char*>(q.scale)[row * (S::N / S::QGROUP) + g] = static_cast<unsigned char>(e + 127);
+      return exp2i(-e);
+    } else {
+      float sc = scale_of<y_t>(am);
+      if constexpr (S::UE8M0) sc = pow2_ceil(sc);
+      if (first) static_cast<float*>(q.scale)[S::COLMAJOR ? g * q.scale_ld + row : row * (S::N / S::QGROUP) + g] = sc;
+      return 1.f / sc;
+    }
+  }
+};
 
 }  // namespace nj

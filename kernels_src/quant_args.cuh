@@ -1,12 +1,14 @@
-// The FP8 arguments of the forward kernel, a second parameter beside
-// NormArgs (which the backward shares). Plain C++: the engine includes this
+// The quantized-output arguments of the forward kernel, a second parameter
+// beside NormArgs (which the backward shares). Plain C++: the engine includes this
 // file to fill it, so host and device agree on the layout.
 #pragma once
 
 namespace nj {
 
+// Spec::QUANT values, as normjit::QuantScaling numbers them.
+enum : int { Q_NONE = 0, Q_TENSOR_STATIC = 1, Q_TENSOR = 2, Q_TOKEN = 3, Q_GROUP = 4, Q_MX = 5 };
+
 struct QuantArgs {
-  const float* x_scale;  // FP8 x: [M, N / XGROUP] fp32, x = q * x_scale
   void* scale;           // y's scales: fp32 ([1], [M], [M, N / G] or [N / G, scale_ld]) or E8M0 bytes (MX)
   float* amax;           // per-tensor current scaling: [1], max |y|
   void* y_hp;            // y unquantized, y's strides

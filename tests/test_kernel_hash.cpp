@@ -70,6 +70,18 @@ TEST_CASE("kernel hash: an edit reaches exactly the kernels that include the edi
     CHECK(fwd.source_hash(files) != with_v1);
     CHECK(bwd.source_hash(files) == bwd.source_hash());
   }
+  SUBCASE("the FP8 templates: only the kernels that use them go stale") {
+    const KernelSpec qfwd = spec_of("rms:bf16:8192x4096:quant=e4m3/group128", Op::Forward);
+    const KernelSpec xbwd = spec_of("rms:bf16:8192x4096:x=e4m3/group16", Op::Backward);
+    files["quant.cuh"] += "\n// an edit\n";
+    CHECK(qfwd.source_hash(files) != qfwd.source_hash());
+    CHECK(xbwd.source_hash(files) == xbwd.source_hash());
+    CHECK(fwd.source_hash(files) == fwd.source_hash());
+    files["fp8.cuh"] += "\n// an edit\n";
+    CHECK(xbwd.source_hash(files) != xbwd.source_hash());
+    CHECK(fwd.source_hash(files) == fwd.source_hash());
+    CHECK(bwd.source_hash(files) == bwd.source_hash());
+  }
   SUBCASE("the config is part of the hash") {
     KernelSpec other = fwd;
     other.cfg.threads_per_row *= 2;

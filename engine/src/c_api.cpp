@@ -115,8 +115,8 @@ bool to_bool(std::int32_t v, const char* field) {
 }
 
 normjit::DType to_dtype(std::int32_t v, const char* field) {
-  if (v < NORMJIT_FP32 || v > NORMJIT_BF16)
-    throw invalid(fmt::format("desc->{} = {} is not a dtype (0 fp32, 1 fp16, 2 bf16)", field, v));
+  if (v < NORMJIT_FP32 || v > NORMJIT_E5M2)
+    throw invalid(fmt::format("desc->{} = {} is not a dtype (0 fp32, 1 fp16, 2 bf16, 3 e4m3, 4 e5m2)", field, v));
   return static_cast<normjit::DType>(v);
 }
 
@@ -169,6 +169,19 @@ normjit::NormDesc to_cpp(const normjit_norm_desc* c) {
   d.cast_mode = static_cast<normjit::CastMode>(c->cast_mode);
   d.store_rstd = to_bool(c->store_rstd, "store_rstd");
   d.store_mean = to_bool(c->store_mean, "store_mean");
+  if (c->quant < NORMJIT_QUANT_NONE || c->quant > NORMJIT_QUANT_MX)
+    throw invalid(fmt::format("desc->quant = {} is not an enum normjit_quant (0 none .. 5 mx)", c->quant));
+  d.quant = static_cast<normjit::QuantScaling>(c->quant);
+  d.quant_group = c->quant_group;
+  d.scale_ue8m0 = to_bool(c->scale_ue8m0, "scale_ue8m0");
+  d.scale_col_major = to_bool(c->scale_col_major, "scale_col_major");
+  d.scale_stride = c->scale_stride;
+  d.scale_ub = c->scale_ub;
+  d.store_y_hp = to_bool(c->store_y_hp, "store_y_hp");
+  d.y_hp_dtype = to_dtype(c->y_hp_dtype, "y_hp_dtype");
+  d.store_y_t = to_bool(c->store_y_t, "store_y_t");
+  d.x_group = c->x_group;
+  d.grad_dtype = to_dtype(c->grad_dtype, "grad_dtype");
   // Named errors for the shape before any engine work (no GPU needed).
   d.validate();
   return d;
@@ -187,6 +200,11 @@ normjit::ForwardTensors to_cpp(const normjit_forward_tensors* c) {
   t.residual_out = c->residual_out;
   t.mean = static_cast<float*>(c->mean);
   t.rstd = static_cast<float*>(c->rstd);
+  t.x_scale = static_cast<const float*>(c->x_scale);
+  t.y_scale = c->y_scale;
+  t.amax = static_cast<float*>(c->amax);
+  t.y_hp = c->y_hp;
+  t.y_t = c->y_t;
   return t;
 }
 
@@ -206,6 +224,7 @@ normjit::BackwardTensors to_cpp(const normjit_backward_tensors* c) {
   t.dbias = c->dbias;
   t.workspace = c->workspace;
   t.workspace_bytes = c->workspace_bytes;
+  t.x_scale = static_cast<const float*>(c->x_scale);
   return t;
 }
 
@@ -319,6 +338,17 @@ int normjit_norm_desc_init(normjit_norm_desc* desc) {
     c.cast_mode = static_cast<std::int32_t>(d.cast_mode);
     c.store_rstd = d.store_rstd;
     c.store_mean = d.store_mean;
+    c.quant = static_cast<std::int32_t>(d.quant);
+    c.quant_group = d.quant_group;
+    c.scale_ue8m0 = d.scale_ue8m0;
+    c.scale_col_major = d.scale_col_major;
+    c.scale_stride = d.scale_stride;
+    c.scale_ub = d.scale_ub;
+    c.store_y_hp = d.store_y_hp;
+    c.y_hp_dtype = static_cast<std::int32_t>(d.y_hp_dtype);
+    c.store_y_t = d.store_y_t;
+    c.x_group = d.x_group;
+    c.grad_dtype = static_cast<std::int32_t>(d.grad_dtype);
     *desc = c;
   });
 }

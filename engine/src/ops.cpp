@@ -46,7 +46,7 @@ void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardTenso
   a.mean = t.mean;
   a.rstd = t.rstd;
   nj::QuantArgs q{};
-  q.x_scale = t.x_scale;
+  a.x_scale = t.x_scale;
   q.scale = t.y_scale;
   q.amax = t.amax;
   q.y_hp = t.y_hp;
@@ -86,6 +86,7 @@ void launch_backward(const LoadedKernel& k, const LoadedKernel& fin, const NormD
   a.mean = const_cast<float*>(t.mean);
   a.rstd = const_cast<float*>(t.rstd);
   a.dresidual = t.dresidual;
+  a.x_scale = t.x_scale;
   a.dx = t.dx;
   a.partial = static_cast<float*>(t.workspace);
   a.dw = t.dweight;

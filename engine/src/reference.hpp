@@ -171,7 +171,11 @@ inline HostTensors backward_reference(const NormDesc& d, const HostTensors& in) 
   scale.resize(M * N);
   std::vector<double> dw(N, 0.0), db(N, 0.0);
   const auto& dy = in.at("dy");
-  const auto& x = in.at("x");
+  std::vector<double> x = in.at("x");
+  if (is_fp8(d.normed_dtype())) {  // dequantized, as the forward read it
+    const std::size_t xg = static_cast<std::size_t>(d.x_group);
+    for (std::size_t k = 0; k < M * N; ++k) x[k] *= in.at("x_scale")[(k / N) * (N / xg) + (k % N) / xg];
+  }
   for (std::size_t i = 0; i < M; ++i) {
     const double r = in.at("rstd")[i], mu = ln ? in.at("mean")[i] : 0.0;
     auto wp = [&](std::size_t j) { return d.has_weight ? in.at("weight")[j] + d.weight_offset : 1.0; };

@@ -46,7 +46,7 @@ extern "C" {
 #endif
 
 /** Version of this C ABI; bumped only on an incompatible change. */
-#define NORMJIT_C_API_VERSION 1
+#define NORMJIT_C_API_VERSION 2
 
 /** Status codes: NORMJIT_SUCCESS, one per normjit::ErrorKind, then INTERNAL. */
 enum normjit_status {
@@ -63,8 +63,19 @@ enum normjit_status {
 
 /** normjit_norm_desc.norm */
 enum normjit_norm_kind { NORMJIT_NORM_RMS = 0, NORMJIT_NORM_LAYER = 1 };
-/** Element types: fp32 = IEEE binary32, fp16 = IEEE binary16, bf16 = bfloat16. */
-enum normjit_dtype { NORMJIT_FP32 = 0, NORMJIT_FP16 = 1, NORMJIT_BF16 = 2 };
+/** Element types: fp32 = IEEE binary32, fp16 = IEEE binary16, bf16 = bfloat16;
+ *  E4M3 / E5M2: OCP FP8 (x and y only; see normjit.hpp, DType). */
+enum normjit_dtype { NORMJIT_FP32 = 0, NORMJIT_FP16 = 1, NORMJIT_BF16 = 2, NORMJIT_E4M3 = 3, NORMJIT_E5M2 = 4 };
+/** normjit_norm_desc.quant: how an FP8 y is scaled. Scales dequantize:
+ *  y ~= q * scale (see normjit.hpp, QuantScaling, for each formula). */
+enum normjit_quant {
+  NORMJIT_QUANT_NONE = 0,
+  NORMJIT_QUANT_TENSOR_STATIC = 1, /**< the caller's scale, [1] fp32 */
+  NORMJIT_QUANT_TENSOR = 2,        /**< current scaling: amax of the output, scale [1], amax [1] */
+  NORMJIT_QUANT_TOKEN = 3,         /**< one scale per row, [M] fp32 */
+  NORMJIT_QUANT_GROUP = 4,         /**< one per 1 x quant_group of a row, [M, N / G] fp32 (or column-major) */
+  NORMJIT_QUANT_MX = 5             /**< MXFP8: 1 x 32 blocks, E8M0 exponents, [M, N / 32] uint8 */
+};
 /** normjit_norm_desc.cast_mode: where the forward rounds (see normjit.hpp, CastMode). */
 enum normjit_cast_mode { NORMJIT_CAST_DEFAULT = 0, NORMJIT_CAST_LLAMA = 1, NORMJIT_CAST_GEMMA = 2 };
 /** normjit_norm_desc.residual_rounding: which h = x + residual is normalised. */
@@ -138,6 +149,18 @@ typedef struct normjit_norm_desc {
   int32_t cast_mode;           /**< enum normjit_cast_mode; default NORMJIT_CAST_DEFAULT */
   int32_t store_rstd;          /**< forward writes rstd (fp32, length M); default 1 */
   int32_t store_mean;          /**< LayerNorm forward writes mean (fp32, length M); default 1 */
+  /* FP8 (C API version 2). */
+  int32_t quant;               /**< enum normjit_quant; NONE unless y_dtype is E4M3 / E5M2 */
+  int32_t quant_group;         /**< GROUP: G = 16, 32, 64 or 128 dividing N; default 128 */
+  int32_t scale_ue8m0;         /**< GROUP: scales rounded up to powers of two; default 0 */
+  int32_t scale_col_major;     /**< GROUP: scales [N / G, scale_stride]; default 0 */
+  int64_t scale_stride;        /**< GROUP, column-major: row stride of the scales (0: M) */
+  float scale_ub;              /**< TOKEN: upper bound on a row's scale (0: none) */
+  int32_t store_y_hp;          /**< also write y unquantized (y_hp, y's strides); default 0 */
+  int32_t y_hp_dtype;          /**< y_hp: fp32, fp16 or bf16; default NORMJIT_BF16 */
+  int32_t store_y_t;           /**< TENSOR(_STATIC): also write q transposed, [N, M]; default 0 */
+  int32_t x_group;             /**< FP8 x: elements per x scale (16, 32, 128; divides N); default 16 */
+  int32_t grad_dtype;          /**< dy and dx of a backward with an FP8 x or y; default NORMJIT_BF16 */
 } normjit_norm_desc;
 
 /** Device tensors of a forward call; which must be non-NULL follows the
@@ -152,23 +175,29 @@ typedef struct normjit_forward_tensors {
   void* residual_out;   /**< [M, N], residual_out_dtype: h (desc.store_residual_out) */
   void* mean;           /**< [M] fp32 (LayerNorm with desc.store_mean) */
   void* rstd;           /**< [M] fp32 (desc.store_rstd) */
+  const void* x_scale;  /**< FP8 x: [M, N / x_group] fp32 */
+  void* y_scale;        /**< quantized y: its scales (an input for TENSOR_STATIC) */
+  void* amax;           /**< TENSOR: [1] fp32, max |y| of this call */
+  void* y_hp;           /**< desc.store_y_hp: [M, N] rows, y_hp_dtype */
+  void* y_t;            /**< desc.store_y_t: [N, M] y_dtype */
 } normjit_forward_tensors;
 
 /** Device tensors of a backward call (as normjit::BackwardTensors). Fill with
  *  normjit_backward_tensors_init. */
 typedef struct normjit_backward_tensors {
   uint32_t struct_size;
-  const void* dy;        /**< [M, N] rows, y_dtype */
+  const void* dy;        /**< [M, N] rows, y_dtype (grad_dtype for an FP8 y) */
   const void* x;         /**< the normalised input: x, or h (residual_out) with desc.residual */
   const void* weight;    /**< [N], weight_dtype */
   const void* mean;      /**< [M] fp32 from the forward (LayerNorm) */
   const void* rstd;      /**< [M] fp32 from the forward */
   const void* dresidual; /**< [M, N] residual_out_dtype (desc.has_dresidual) */
-  void* dx;              /**< [M, N] rows, x_dtype: dL/dx (= dL/dresidual with a residual) */
+  void* dx;              /**< [M, N] rows, x_dtype (grad_dtype for an FP8 x): dL/dx (= dL/dresidual with a residual) */
   void* dweight;         /**< [N], weight_dtype, overwritten */
   void* dbias;           /**< [N], weight_dtype, overwritten */
   void* workspace;       /**< normjit_backward_workspace_size() bytes of device memory */
   size_t workspace_bytes;
+  const void* x_scale;   /**< FP8 x: [M, N / x_group] fp32, as in the forward */
 } normjit_backward_tensors;
 
 /** NORMJIT_C_API_VERSION of the loaded library. */

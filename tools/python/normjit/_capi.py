@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 #: The C ABI version these declarations follow (NORMJIT_C_API_VERSION).
-API_VERSION = 1
+API_VERSION = 2
 
 # enum normjit_status
 SUCCESS = 0
@@ -30,6 +30,15 @@ NORM_LAYER = 1
 FP32 = 0
 FP16 = 1
 BF16 = 2
+E4M3 = 3
+E5M2 = 4
+# enum normjit_quant
+QUANT_NONE = 0
+QUANT_TENSOR_STATIC = 1
+QUANT_TENSOR = 2
+QUANT_TOKEN = 3
+QUANT_GROUP = 4
+QUANT_MX = 5
 CAST_DEFAULT = 0
 CAST_LLAMA = 1
 CAST_GEMMA = 2
@@ -122,6 +131,17 @@ class NormDesc(ctypes.Structure):
         ("cast_mode", ctypes.c_int32),
         ("store_rstd", ctypes.c_int32),
         ("store_mean", ctypes.c_int32),
+        ("quant", ctypes.c_int32),
+        ("quant_group", ctypes.c_int32),
+        ("scale_ue8m0", ctypes.c_int32),
+        ("scale_col_major", ctypes.c_int32),
+        ("scale_stride", ctypes.c_int64),
+        ("scale_ub", ctypes.c_float),
+        ("store_y_hp", ctypes.c_int32),
+        ("y_hp_dtype", ctypes.c_int32),
+        ("store_y_t", ctypes.c_int32),
+        ("x_group", ctypes.c_int32),
+        ("grad_dtype", ctypes.c_int32),
     ]
 
 
@@ -138,6 +158,11 @@ class ForwardTensors(ctypes.Structure):
         ("residual_out", ctypes.c_void_p),
         ("mean", ctypes.c_void_p),
         ("rstd", ctypes.c_void_p),
+        ("x_scale", ctypes.c_void_p),
+        ("y_scale", ctypes.c_void_p),
+        ("amax", ctypes.c_void_p),
+        ("y_hp", ctypes.c_void_p),
+        ("y_t", ctypes.c_void_p),
     ]
 
 
@@ -157,6 +182,7 @@ class BackwardTensors(ctypes.Structure):
         ("dbias", ctypes.c_void_p),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
+        ("x_scale", ctypes.c_void_p),
     ]
 
 

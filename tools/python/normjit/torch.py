@@ -33,6 +33,12 @@ from torch.autograd.function import once_differentiable
 from . import _capi, _engine_handle
 
 __all__ = [
+    "FP8InputNormFunction",
+    "FP8Output",
+    "layer_norm_fp8",
+    "layer_norm_fp8_input",
+    "rms_norm_fp8",
+    "rms_norm_fp8_input",
     "AddLayerNormFunction",
     "AddRMSNormFunction",
     "LayerNorm",
@@ -465,6 +471,251 @@ def add_layer_norm(x, residual, normalized_shape, weight=None, bias=None, eps=1e
     _check_tensor("x", x)
     return AddLayerNormFunction.apply(x, residual, normalized_shape, weight, bias, eps, weight_offset, cast_mode,
                                       residual_rounding)
+
+
+# ---- FP8 ----------------------------------------------------------------------
+#
+# One scale convention: scales dequantize, x ~= q * scale (normjit.h,
+# enum normjit_quant, for each granularity's formula).
+
+_FP8 = {}
+for _name, _code in (("float8_e4m3fn", _capi.E4M3), ("float8_e5m2", _capi.E5M2)):
+    if hasattr(torch, _name):
+        _FP8[getattr(torch, _name)] = _code
+_QUANTS = {"tensor-static": _capi.QUANT_TENSOR_STATIC, "tensor": _capi.QUANT_TENSOR, "token": _capi.QUANT_TOKEN,
+           "group": _capi.QUANT_GROUP, "mx32": _capi.QUANT_MX}
+
+
+class FP8Output(tuple):
+    """The outputs of a quantized norm: (q, scale, amax) unpack like a tuple;
+    y (the unquantized output, with return_y), q_t (q transposed, with
+    transpose) and h (x + residual, with a residual) are attributes (None
+    when not asked for)."""
+
+    def __new__(cls, q, scale, amax, y=None, q_t=None, h=None):
+        self = super().__new__(cls, (q, scale, amax))
+        self.q, self.scale, self.amax, self.y, self.q_t, self.h = q, scale, amax, y, q_t, h
+        return self
+
+
+def _fp8_dtype(name, dtype):
+    if dtype not in _FP8:
+        raise TypeError(f"{name} = {dtype} is not an FP8 dtype (torch.float8_e4m3fn or torch.float8_e5m2)")
+    return _FP8[dtype]
+
+
+def _fp8_desc(norm, x, normalized_shape, weight, bias, eps, weight_offset, x_dtype_code):
+    """A contiguous 2-D descriptor shared by the FP8 functions: (desc, M, N, w, b)."""
+    shape, N = _normalized(x, normalized_shape)
+    _check_param("weight", weight, shape, x.device)
+    _check_param("bias", bias, shape, x.device)
+    eps = _number("eps", eps)
+    d = _capi.new_desc()
+    d.norm, d.N, d.eps = norm, N, eps
+    d.M = x.numel() // N if N else 0
+    d.weight_offset = _number("weight_offset", weight_offset)
+    w = weight.contiguous() if weight is not None else None
+    b = None if bias is None else (bias.to(w.dtype) if w is not None else bias).contiguous()
+    pdtype = w.dtype if w is not None else (b.dtype if b is not None else torch.bfloat16)
+    d.weight_dtype = _DTYPES[pdtype]
+    d.has_weight, d.has_bias = int(w is not None), int(b is not None)
+    d.x_dtype = x_dtype_code
+    d.store_rstd = 1
+    d.store_mean = int(norm == _capi.NORM_LAYER)
+    return d, d.M, N, w, b
+
+
+def _quantize_into(d, quant, fp8_dtype, group_size, scale_ue8m0, scale_col_major, scale, scale_ub, return_y,
+                   transpose, M, N, x, out_dtype):
+    """Sets the quantized-output fields of d; returns (q, scale, amax, y_hp, q_t)."""
+    d.quant = _option("quant", quant, _QUANTS)
+    d.y_dtype = _fp8_dtype("fp8_dtype", fp8_dtype)
+    d.quant_group = int(group_size)
+    d.scale_ue8m0, d.scale_col_major = int(bool(scale_ue8m0)), int(bool(scale_col_major))
+    d.scale_ub = 0.0 if scale_ub is None else _number("scale_ub", scale_ub)
+    d.store_y_hp, d.store_y_t = int(bool(return_y)), int(bool(transpose))
+    d.y_hp_dtype = d.grad_dtype = _DTYPES[out_dtype]
+    dev = x.device
+    q = torch.empty(x.shape, dtype=fp8_dtype, device=dev)
+    G = 32 if quant == "mx32" else d.quant_group
+    amax = None
+    if quant == "tensor-static":
+        if scale is None:
+            raise ValueError("quant = 'tensor-static' needs scale (a one-element float32 CUDA tensor)")
+        _check_tensor("scale", scale, dev)
+        sc = scale.float().reshape(1).contiguous()
+    elif quant == "tensor":
+        sc = torch.empty(1, dtype=torch.float32, device=dev)
+        amax = torch.empty(1, dtype=torch.float32, device=dev)
+    elif quant == "token":
+        sc = torch.empty(x.shape[:-1] + (1,), dtype=torch.float32, device=dev)
+    elif quant == "mx32":
+        sc = torch.empty(x.shape[:-1] + (N // 32,), dtype=torch.uint8, device=dev)
+    else:
+        if N % G:
+            raise ValueError(f"group_size = {G} does not divide N = {N}")
+        # Column-major scales: a [N / G, M] buffer seen as [M, N / G] (DeepGEMM's layout).
+        sc = (torch.empty(N // G, M, dtype=torch.float32, device=dev).t() if scale_col_major
+              else torch.empty(x.shape[:-1] + (N // G,), dtype=torch.float32, device=dev))
+    y_hp = torch.empty(x.shape, dtype=out_dtype, device=dev) if return_y else None
+    q_t = torch.empty(N, M, dtype=fp8_dtype, device=dev) if transpose else None
+    return q, sc, amax, y_hp, q_t
+
+
+def _run_forward(d, x_in, x_scale, r_in, w, b, q, sc, amax, y_hp, q_t, h, mean, rstd, device):
+    t = _capi.new_forward_tensors()
+    t.x, t.residual, t.weight, t.bias = _ptr(x_in), _ptr(r_in), _ptr(w), _ptr(b)
+    t.y, t.residual_out, t.mean, t.rstd = _ptr(q), _ptr(h), _ptr(mean), _ptr(rstd)
+    t.x_scale, t.y_scale, t.amax, t.y_hp, t.y_t = _ptr(x_scale), _ptr(sc), _ptr(amax), _ptr(y_hp), _ptr(q_t)
+    with torch.cuda.device(device):
+        _capi.check(_capi.load().normjit_forward(_engine_handle(), ctypes.byref(d), ctypes.byref(t), _stream(device)))
+
+
+def _norm_fp8(norm, x, normalized_shape, weight, bias, eps, quant, fp8_dtype, group_size, scale_ue8m0,
+              scale_col_major, scale, scale_ub, residual, return_y, transpose, weight_offset):
+    _check_tensor("x", x)
+    x = x.contiguous()
+    d, M, N, w, b = _fp8_desc(norm, x, normalized_shape, weight, bias, eps, weight_offset, _DTYPES[x.dtype])
+    d.store_rstd = 0
+    d.store_mean = 0
+    h = r_in = None
+    if residual is not None:
+        _check_tensor("residual", residual, x.device)
+        if residual.shape != x.shape:
+            raise ValueError(f"residual.shape = {list(residual.shape)} must equal x.shape = {list(x.shape)}")
+        r_in = residual.contiguous()
+        d.residual = d.store_residual_out = 1
+        d.residual_dtype = d.residual_out_dtype = _DTYPES[residual.dtype]
+        h = torch.empty(x.shape, dtype=residual.dtype, device=x.device)
+    q, sc, amax, y_hp, q_t = _quantize_into(d, quant, fp8_dtype, group_size, scale_ue8m0, scale_col_major, scale,
+                                            scale_ub, return_y, transpose, M, N, x, x.dtype)
+    if M > 0:
+        _run_forward(d, x, None, r_in, w, b, q, sc, amax, y_hp, q_t, h, None, None, x.device)
+    return FP8Output(q, sc, amax, y_hp, q_t, h)
+
+
+def rms_norm_fp8(x, normalized_shape, weight=None, eps=1e-6, *, quant="token", fp8_dtype=torch.float8_e4m3fn
+                 if hasattr(torch, "float8_e4m3fn") else None, group_size=128, scale_ue8m0=False,
+                 scale_col_major=False, scale=None, scale_ub=None, residual=None, return_y=False, transpose=False,
+                 weight_offset=0.0):
+    """RMSNorm (Zhang & Sennrich 2019) with an FP8 output, quantized in the same kernel.
+
+    x: CUDA tensor [..., N] (float32 / float16 / bfloat16), rows contiguous.
+    quant: "tensor-static" (scale given: a [1] float32 tensor), "tensor"
+        (current scaling: scale = max(amax / fmax, 2^-126), amax returned),
+        "token" (one scale per row, [..., 1]; scale_ub caps it), "group"
+        (one per 1 x group_size of a row, [..., N / G], powers of two with
+        scale_ue8m0, a column-major [N / G, M] buffer with scale_col_major),
+        "mx32" (MXFP8: 1 x 32 blocks, E8M0 exponents as uint8 [..., N / 32]).
+    fp8_dtype: torch.float8_e4m3fn or torch.float8_e5m2.
+    residual: h = x + residual is normalised and returned as out.h.
+    return_y: also the unquantized y (x's dtype) as out.y; transpose: q
+        transposed, [N, M], as out.q_t (tensor scales only).
+    Returns FP8Output: (q, scale, amax) with x ~= q * scale; amax is None
+    except for "tensor". Not differentiable (an inference op).
+    """
+    return _norm_fp8(_capi.NORM_RMS, x, normalized_shape, weight, None, eps, quant, fp8_dtype, group_size,
+                     scale_ue8m0, scale_col_major, scale, scale_ub, residual, return_y, transpose, weight_offset)
+
+
+def layer_norm_fp8(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, quant="token",
+                   fp8_dtype=torch.float8_e4m3fn if hasattr(torch, "float8_e4m3fn") else None, group_size=128,
+                   scale_ue8m0=False, scale_col_major=False, scale=None, scale_ub=None, residual=None,
+                   return_y=False, transpose=False, weight_offset=0.0):
+    """LayerNorm (Ba et al. 2016) with an FP8 output; arguments as rms_norm_fp8() plus bias."""
+    return _norm_fp8(_capi.NORM_LAYER, x, normalized_shape, weight, bias, eps, quant, fp8_dtype, group_size,
+                     scale_ue8m0, scale_col_major, scale, scale_ub, residual, return_y, transpose, weight_offset)
+
+
+class FP8InputNormFunction(torch.autograd.Function):
+    """Autograd function of a norm that reads an FP8 x with 1 x QB group scales
+    (COAT-style FP8 training): x = x_q * x_scale[i, j / QB].
+
+    apply(x_grad_proxy, x_q, x_scale, norm, normalized_shape, weight, bias, eps, out_dtype, quant, fp8_dtype)
+    -> y (out_dtype), or (q, scale) / (q, scale, q_t) with quant "tensor" or
+    "tensor-static" (q_t is q transposed, for the weight-gradient GEMM).
+    x_grad_proxy: a tensor of x's shape and the gradient's dtype that receives
+    dL/dx (autograd delivers a gradient in its input's dtype, which an FP8
+    x_q cannot hold); it is not read: pass the tensor x_q was quantized from.
+    Backward: dx (out_dtype) and dweight / dbias from the engine, reading
+    x_q and its scales again.
+    """
+
+    @staticmethod
+    def forward(ctx, x_grad_proxy, x_q, x_scale, norm, normalized_shape, weight, bias, eps, out_dtype, quant,
+                fp8_dtype):
+        if x_q.dtype not in _FP8:
+            raise TypeError(f"x_q.dtype = {x_q.dtype} is not an FP8 dtype")
+        _check_tensor("x_scale", x_scale, x_q.device)
+        x_q = x_q.contiguous()
+        d, M, N, w, b = _fp8_desc(norm, x_q, normalized_shape, weight, bias, eps, 0.0, _FP8[x_q.dtype])
+        if x_scale.numel() == 0 or (M * N) % x_scale.numel():
+            raise ValueError(f"x_scale has {x_scale.numel()} elements, not M x N / QB for x_q of {M} x {N}")
+        d.x_group = (M * N) // x_scale.numel()
+        x_scale = x_scale.float().contiguous()
+        d.y_hp_dtype = d.grad_dtype = _DTYPES[out_dtype]
+        rstd = torch.empty(M, dtype=torch.float32, device=x_q.device)
+        mean = torch.empty(M, dtype=torch.float32, device=x_q.device) if d.store_mean else None
+        if quant is None:
+            d.y_dtype = _DTYPES[out_dtype]
+            q, sc, amax, y_hp, q_t = torch.empty(x_q.shape, dtype=out_dtype, device=x_q.device), None, None, None, None
+        else:
+            q, sc, amax, y_hp, q_t = _quantize_into(d, quant, fp8_dtype, 128, False, False, None, None, False,
+                                                    quant in ("tensor", "tensor-static"), M, N, x_q, out_dtype)
+        if M > 0:
+            _run_forward(d, x_q, x_scale, None, w, b, q, sc, amax, y_hp, q_t, None, mean, rstd, x_q.device)
+        ctx.desc = _capi.copy_desc(d)
+        ctx.weight_dtype = weight.dtype if weight is not None else None
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        ctx.out_dtype = out_dtype
+        ctx.save_for_backward(x_q, x_scale, w, b, mean, rstd)
+        ctx.set_materialize_grads(False)
+        if quant is None:
+            return q
+        ctx.mark_non_differentiable(q, sc, *([q_t] if q_t is not None else []))
+        return (q, sc) if q_t is None else (q, sc, q_t)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, *unused):
+        x_q, x_scale, w, b, mean, rstd = ctx.saved_tensors
+        d = _capi.copy_desc(ctx.desc)
+        d.quant, d.y_dtype, d.store_y_hp, d.store_y_t = _capi.QUANT_NONE, d.grad_dtype, 0, 0
+        if dy is None:
+            dy = torch.zeros(x_q.shape, dtype=ctx.out_dtype, device=x_q.device)
+        dy = dy.to(ctx.out_dtype).contiguous()
+        dx = torch.empty(x_q.shape, dtype=ctx.out_dtype, device=x_q.device)
+        dweight = torch.empty_like(w) if w is not None else None
+        dbias = torch.empty_like(b) if b is not None else None
+        lib, handle = _capi.load(), _engine_handle()
+        with torch.cuda.device(x_q.device):
+            nbytes = ctypes.c_size_t(0)
+            _capi.check(lib.normjit_backward_workspace_size(handle, ctypes.byref(d), ctypes.byref(nbytes)))
+            ws = torch.empty(nbytes.value, dtype=torch.uint8, device=x_q.device) if nbytes.value else None
+            t = _capi.new_backward_tensors()
+            t.dy, t.x, t.weight, t.mean, t.rstd = _ptr(dy), _ptr(x_q), _ptr(w), _ptr(mean), _ptr(rstd)
+            t.x_scale, t.dx, t.dweight, t.dbias = _ptr(x_scale), _ptr(dx), _ptr(dweight), _ptr(dbias)
+            t.workspace, t.workspace_bytes = _ptr(ws), nbytes.value
+            _capi.check(lib.normjit_backward(handle, ctypes.byref(d), ctypes.byref(t), _stream(x_q.device)))
+        gw = dweight.to(ctx.weight_dtype) if dweight is not None and ctx.needs_input_grad[5] else None
+        gb = dbias.to(ctx.bias_dtype) if dbias is not None and ctx.needs_input_grad[6] else None
+        return (dx if ctx.needs_input_grad[0] else None), None, None, None, None, gw, gb, None, None, None, None
+
+
+def rms_norm_fp8_input(x_grad_proxy, x_q, x_scale, normalized_shape, weight=None, eps=1e-6, *,
+                       out_dtype=torch.bfloat16, quant=None, fp8_dtype=None):
+    """RMSNorm of an FP8 x with group scales (see FP8InputNormFunction); y in
+    out_dtype, or with quant ("tensor" / "tensor-static" is not offered
+    here: "tensor") the FP8 (q, scale, q_t)."""
+    return FP8InputNormFunction.apply(x_grad_proxy, x_q, x_scale, _capi.NORM_RMS, normalized_shape, weight, None, eps,
+                                      out_dtype, quant, fp8_dtype or x_q.dtype)
+
+
+def layer_norm_fp8_input(x_grad_proxy, x_q, x_scale, normalized_shape, weight=None, bias=None, eps=1e-5, *,
+                         out_dtype=torch.bfloat16, quant=None, fp8_dtype=None):
+    """LayerNorm of an FP8 x with group scales; as rms_norm_fp8_input() plus bias."""
+    return FP8InputNormFunction.apply(x_grad_proxy, x_q, x_scale, _capi.NORM_LAYER, normalized_shape, weight, bias,
+                                      eps, out_dtype, quant, fp8_dtype or x_q.dtype)
 
 
 # ---- modules ----------------------------------------------------------------

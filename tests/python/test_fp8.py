@@ -1,0 +1,140 @@
+"""normjit.torch's FP8 functions against a float64 reference built with
+torch: quantized outputs (per-tensor, per-token, per-group with fp32 / UE8M0
+and column-major scales, MXFP8), the fused residual add, the unquantized y
+and the transposed q; the FP8-input autograd function's forward and
+backward. Needs torch with float8 dtypes, a CUDA device and the library.
+"""
+
+import pytest
+
+from conftest import library_or_skip_reason
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+if not torch.cuda.is_available():
+    pytest.skip("CUDA is not available (torch.cuda.is_available() is False)", allow_module_level=True)
+if not hasattr(torch, "float8_e4m3fn"):
+    pytest.skip("this torch has no float8 dtypes", allow_module_level=True)
+_ok, _why = library_or_skip_reason()
+if not _ok:
+    pytest.skip(_why, allow_module_level=True)
+
+import normjit.torch as njt  # noqa: E402
+
+DEV = torch.device("cuda")
+FMAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+
+
+def ref_y(x, w, eps=1e-6, residual=None):
+    h = x.double() + (residual.double() if residual is not None else 0)
+    if residual is not None:
+        h = h.to(residual.dtype).double()  # h rounded to the residual's dtype, as normjit's default
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+
+def codes_close(q, ref_q):
+    """At least 99.9% equal codes, none more than one apart."""
+    a = q.view(torch.uint8).int()
+    b = ref_q.view(torch.uint8).int()
+    oa = torch.where(a >= 128, -(a - 128), a)
+    ob = torch.where(b >= 128, -(b - 128), b)
+    d = (oa - ob).abs()
+    assert d.max().item() <= 1
+    assert (d > 0).float().mean().item() <= 1e-3
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("quant", ["tensor", "token", "group", "group-ue8m0-col", "mx32"])
+def test_rms_norm_fp8_matches_float64(quant, fp8):
+    M, N = 300, 4096
+    x = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(N, device=DEV)).to(torch.bfloat16)
+    kw = {}
+    if quant.startswith("group"):
+        kw = dict(quant="group", group_size=128, scale_ue8m0="ue8m0" in quant, scale_col_major="col" in quant)
+    else:
+        kw = dict(quant=quant)
+    out = njt.rms_norm_fp8(x, (N,), w, 1e-6, fp8_dtype=fp8, return_y=True, **kw)
+    q, scale, amax = out
+    y = ref_y(x, w)
+    fmax = FMAX[fp8]
+    if quant == "tensor":
+        a = y.abs().max()
+        assert abs(amax.item() - a.item()) <= 1e-6 * a.item()
+        s = (a / fmax).clamp(min=2.0 ** -126)
+    elif quant == "token":
+        s = (y.abs().amax(-1, keepdim=True) / fmax).clamp(min=2.0 ** -126)
+    else:
+        G = 32 if quant == "mx32" else 128
+        ag = y.view(M, N // G, G).abs().amax(-1)
+        if quant == "mx32":
+            e = torch.floor(torch.log2(ag.clamp(min=2.0 ** -126))) - (8 if fp8 == torch.float8_e4m3fn else 15)
+            s = torch.exp2(e.clamp(-127, 127))
+            assert torch.equal(scale.int(), (e.clamp(-127, 127) + 127).int())
+        else:
+            s = (ag / fmax).clamp(min=2.0 ** -126)
+            if "ue8m0" in quant:
+                s = torch.exp2(torch.ceil(torch.log2(s)))
+        s = s.repeat_interleave(G, -1)
+    if quant != "mx32":
+        got = scale.double() if quant != "group" or "col" not in quant else scale.double()
+        sref = s if quant in ("tensor", "token") else s[:, :: (128 if quant != "mx32" else 32)]
+        assert torch.allclose(got.reshape(sref.shape), sref, rtol=1e-6, atol=0)
+    codes_close(q, (y / s).clamp(-fmax, fmax).float().to(fp8))
+    assert torch.allclose(out.y.double(), y, rtol=2e-2, atol=2e-2)
+
+
+def test_rms_norm_fp8_residual_transpose_and_static_scale():
+    M, N = 128, 2048
+    x = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
+    r = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
+    w = torch.ones(N, device=DEV, dtype=torch.bfloat16)
+    scale = torch.tensor([0.004], device=DEV)  # some |y| / scale > 448: saturated
+    out = njt.rms_norm_fp8(x, (N,), w, quant="tensor-static", scale=scale, residual=r, transpose=True)
+    assert torch.equal(out.h, (x + r))
+    assert torch.equal(out.q_t.view(torch.uint8), out.q.view(torch.uint8).t())
+    y = ref_y(x, w, residual=r)
+    codes_close(out.q, (y / 0.004).clamp(-448, 448).float().to(torch.float8_e4m3fn))
+    assert (out.q.float().abs() == 448).any()
+
+
+@pytest.mark.parametrize("norm", ["rms", "ln"])
+def test_fp8_input_norm_forward_and_backward(norm):
+    M, N, QB = 64, 1024, 16
+    src = torch.randn(M, N, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    g = src.detach().float().view(M, N // QB, QB)
+    x_scale = (g.abs().amax(-1) / 448).clamp(min=1e-12)
+    x_q = (g / x_scale.unsqueeze(-1)).to(torch.float8_e4m3fn).view(M, N)
+    w = (1 + 0.1 * torch.randn(N, device=DEV)).to(torch.bfloat16).requires_grad_()
+    b = (0.1 * torch.randn(N, device=DEV)).to(torch.bfloat16).requires_grad_() if norm == "ln" else None
+    if norm == "rms":
+        y = njt.rms_norm_fp8_input(src, x_q, x_scale, (N,), w)
+    else:
+        y = njt.layer_norm_fp8_input(src, x_q, x_scale, (N,), w, b)
+    dy = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
+    y.backward(dy)
+    # float64 reference on the dequantized x
+    xd = (x_q.double().view(M, N // QB, QB) * x_scale.double().unsqueeze(-1)).view(M, N).requires_grad_()
+    wd = w.detach().double().requires_grad_()
+    if norm == "rms":
+        yr = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * wd
+        params = (xd, wd)
+    else:
+        bd = b.detach().double().requires_grad_()
+        yr = torch.nn.functional.layer_norm(xd, (N,), wd, bd, 1e-5)
+        params = (xd, wd, bd)
+    grads = torch.autograd.grad(yr, params, dy.double())
+    assert torch.allclose(y.double(), yr.detach(), rtol=2e-2, atol=2e-2)
+    assert torch.allclose(src.grad.double(), grads[0], rtol=3e-2, atol=3e-2)
+    assert (w.grad.double() - grads[1]).abs().max() <= 2e-2 * grads[1].abs().max()
+    if norm == "ln":
+        assert (b.grad.double() - grads[2]).abs().max() <= 2e-2 * grads[2].abs().max()
+
+
+def test_fp8_bad_arguments_name_the_argument():
+    x = torch.randn(4, 100, device=DEV, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="group_size"):
+        njt.rms_norm_fp8(x, (100,), quant="group", group_size=128)
+    with pytest.raises(ValueError, match="quant"):
+        njt.rms_norm_fp8(x, (100,), quant="blocky")
+    with pytest.raises(ValueError, match="scale"):
+        njt.rms_norm_fp8(x, (100,), quant="tensor-static")

@@ -1,0 +1,163 @@
+// FP8 on the GPU against the float64 reference: every quantized-output
+// granularity and FP8 input of fp8_variants (forward; the backward of FP8
+// inputs), all-zero rows, NaN inputs and saturation; the transposed output
+// bit for bit; every autotune candidate of two FP8 shapes.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "check.hpp"
+#include "config_grid.hpp"
+#include "gpu_harness.hpp"
+#include "ops.hpp"
+#include "shapes.hpp"
+#include "test_util.hpp"
+
+using namespace normjit;
+using namespace normjit::test;
+
+namespace {
+
+Engine& fp8_engine() {
+  current_device();
+  static Engine e([] {
+    EngineOptions o;
+    o.tune_policy = TunePolicy::Never;
+    o.cache_dir = (std::filesystem::temp_directory_path() / fmt::format("normjit-gpu-fp8-{}", ::getpid())).string();
+    return o;
+  }());
+  return e;
+}
+
+// Writes `v` into every element of row `row` (or element `col` only) of input `name`.
+void set_input(const Scratch& s, const std::string& name, std::int64_t row, float v, std::int64_t col = -1) {
+  const TensorSpec& t = *std::find_if(s.specs.begin(), s.specs.end(), [&](const TensorSpec& x) { return x.name == name; });
+  const int es = dtype_size(t.dtype);
+  std::vector<unsigned char> bytes(static_cast<std::size_t>(t.cols) * es);
+  for (std::int64_t j = 0; j < t.cols; ++j) store_as(t.dtype, bytes.data(), j, v);
+  const std::int64_t j0 = col < 0 ? 0 : col, n = col < 0 ? t.cols : 1;
+  NJ_CU(cuMemcpyHtoD(s.buf.at(name).get() + (t.offset(row) + j0) * es, bytes.data() + j0 * es, n * es));
+}
+
+bool fp8_output(const std::string& name) { return name == "y" || name == "y_t" || name == "y_scale" || name == "amax"; }
+
+void run_forward(Engine& e, const NormDesc& d, Scratch& s) {
+  s.poison();
+  e.forward(d, s.forward_tensors(), nullptr);
+}
+
+}  // namespace
+
+TEST_CASE("fp8: every quantized output and FP8 input matches float64 (forward, and the FP8-input backward)") {
+  // A usual row (register cache), a row over 2 x 4096 elements of several
+  // groups per thread, a decode row, and a two-pass row.
+  const std::pair<std::int64_t, std::int64_t> shapes[] = {{256, 4096}, {33, 7168}, {1, 2048}, {8, 131072}};
+  for (auto [M, N] : shapes)
+    for (DType t : {DType::BF16, DType::F16})
+      for (const auto& v : normjit_test::fp8_variants(M, N, t)) {
+        if (t == DType::F16 && N != 4096) continue;  // fp16 on one shape
+        const std::uint64_t seed = fresh_seed();
+        CAPTURE(v.name);
+        CAPTURE(seed);
+        const NormDesc& d = v.desc;
+        Scratch s(Op::Forward, d, seed);
+        run_forward(fp8_engine(), d, s);
+        for (const auto& c : check_outputs(Op::Forward, d, s)) {
+          CAPTURE(c.name);
+          CHECK(c.err <= c.tol);
+        }
+        // An all-zero row, a NaN in another: the q and scales still match
+        // (amax ignores NaN; a zero row gets the minimum scale and q = 0).
+        if (M >= 2 && !d.residual) {
+          set_input(s, "x", 0, 0.f);
+          set_input(s, "x", M - 1, NAN, 3);
+          run_forward(fp8_engine(), d, s);
+          const HostTensors ref = reference_outputs(Op::Forward, d, s);
+          for (const auto& c : compare_outputs(s, ref)) {
+            if (!fp8_output(c.name)) continue;
+            CAPTURE(c.name);
+            CHECK(c.err <= c.tol);
+          }
+        }
+        if (d.store_y_t) {  // the transpose of q, bit for bit
+          const auto q = s.download("y"), qt = s.download("y_t");
+          std::int64_t differ = 0;
+          for (std::int64_t i = 0; i < M; ++i)
+            for (std::int64_t j = 0; j < N; ++j)
+              differ += std::memcmp(&q[i * N + j], &qt[j * M + i], sizeof(float)) != 0;
+          CHECK(differ == 0);
+        }
+        if (is_fp8(d.x_dtype) && !d.residual) {
+          Scratch b(Op::Backward, d, seed + 1);
+          const std::size_t ws = fp8_engine().backward_workspace_size(d);
+          if (ws) b.workspace = DeviceBuffer(ws);
+          b.poison();
+          fp8_engine().backward(d, b.backward_tensors(), nullptr);
+          for (const auto& c : check_outputs(Op::Backward, d, b)) {
+            CAPTURE(c.name);
+            CHECK(c.err <= c.tol);
+          }
+        }
+      }
+}
+
+TEST_CASE("fp8: values past the FP8 range saturate; an upper bound on the per-token scale saturates too") {
+  for (const char* spec : {"rms:bf16:64x4096:quant=e4m3/tensor-static", "rms:bf16:64x4096:quant=e5m2/token:ub=0.00001"}) {
+    CAPTURE(spec);
+    const NormDesc d = detail::parse_shape_spec(spec).desc;
+    Scratch s(Op::Forward, d, fresh_seed());
+    if (d.quant == QuantScaling::TensorStatic) set_input(s, "y_scale", 0, 1e-3f);  // |y| / scale up to ~4000 > 448
+    run_forward(fp8_engine(), d, s);
+    const auto q = s.download("y");
+    const float fmax = fp8_max(d.y_dtype);
+    int at_max = 0;
+    for (float v : q) at_max += std::fabs(v) == fmax;
+    CHECK(at_max > 0);
+    for (const auto& c : check_outputs(Op::Forward, d, s)) {
+      CAPTURE(c.name);
+      CHECK(c.err <= c.tol);
+    }
+  }
+}
+
+TEST_CASE("fp8: every autotune candidate of two FP8 shapes matches float64") {
+  const DeviceInfo dev = device_info(current_device());
+  const auto kdir = normjit_test::make_temp_dir("kernels-fp8");
+  KernelCache jit(kdir->string());
+  for (const char* spec : {"rms:bf16:1024x7168:quant=e4m3/group128:colmajor",
+                           "ln:bf16:512x4096:x=e4m3/group16:quant=e4m3/tensor:transpose"}) {
+    const NormDesc d = detail::parse_shape_spec(spec).desc;
+    CAPTURE(spec);
+    for (Op op : {Op::Forward, Op::Backward}) {
+      if (op == Op::Backward && !is_fp8(d.x_dtype)) continue;
+      Scratch s(op, d, fresh_seed());
+      const HostTensors ref = reference_outputs(op, d, s);
+      int ran = 0;
+      for (const auto& cfg : candidate_grid(op, d, dev.max_cluster)) {
+        CAPTURE(cfg.str());
+        auto k = jit.get(make_spec(op, d, cfg), dev.arch());
+        if (k->local_bytes > 0 || k->blocks_per_sm < 1) continue;  // the tuner prunes these too
+        ++ran;
+        s.poison();
+        if (op == Op::Forward) {
+          launch_forward(*k, d, s.forward_tensors(), dev.sm_count, nullptr);
+        } else {
+          auto fin = jit.get(finalize_spec(d), dev.arch());
+          const Geometry g = backward_geometry(*k, d, cfg, dev.sm_count);
+          s.workspace = DeviceBuffer(std::max<std::size_t>(16, backward_workspace_bytes(g, d)));
+          launch_backward(*k, *fin, d, s.backward_tensors(), g, nullptr);
+        }
+        for (const auto& c : compare_outputs(s, ref)) {
+          CAPTURE(c.name);
+          CHECK(c.err <= c.tol);
+        }
+      }
+      MESSAGE(fmt::format("{} {}: {} candidates checked", spec, op_name(op), ran));
+      CHECK(ran > 1);
+    }
+  }
+}

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Kernel time of normjit's FP8-output norms against the unfused reference
+composition (norm, then quantize) in PyTorch eager and under torch.compile.
+
+Timing is compare.py's: the summed GPU time of what one call launches, read
+with torch.profiler between marker kernels, L2 flushed before each call,
+median of --reps; SOL% = the time of a device copy of the same bytes (timed
+the same way in the same run) / the kernel time. Bytes count FP8 where FP8
+travels: x and weight (and residual in, h out) in their dtypes, q at one byte
+an element, the scales. Per-tensor current scaling reads x twice (its amax
+launch, then the quantizing one): the second read is counted as time, not as
+bytes. A "check" column gives the fraction of q codes that differ from the
+eager composition's (the composition rounds y to bf16 first, so a few differ).
+
+    python3 tools/bench_fp8.py --json fp8.json --markdown fp8.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare  # noqa: E402
+
+SHAPES = [(8192, 4096), (16384, 7168), (32768, 5120), (4096, 16384), (1, 4096), (32, 7168)]
+VARIANTS = ["tensor-static", "tensor", "token", "group128", "mx32", "res+token"]
+MIN_SCALE = 2.0 ** -126
+
+
+def reference(torch, F, variant, fp8, fmax):
+    """The unfused composition: RMSNorm in bf16 (as a model computes it), then quantize."""
+
+    def quant(y, scale):
+        return (y.float() / scale).clamp(-fmax, fmax).to(fp8)
+
+    def f(x, w, r, static_scale):
+        if variant.startswith("res+"):
+            x = x + r
+        y = F.rms_norm(x, (x.shape[-1],), w, 1e-6)
+        if variant == "tensor-static":
+            return quant(y, static_scale), static_scale
+        if variant == "tensor":
+            amax = y.abs().amax().float()
+            scale = (amax / fmax).clamp(min=MIN_SCALE)
+            return quant(y, scale), scale, amax
+        if variant.endswith("token"):
+            scale = (y.abs().amax(-1, keepdim=True).float() / fmax).clamp(min=MIN_SCALE)
+            return quant(y, scale), scale
+        G = 32 if variant == "mx32" else int(variant[len("group"):])
+        yg = y.view(y.shape[0], -1, G)
+        amax = yg.abs().amax(-1, keepdim=True).float()
+        if variant == "mx32":
+            e = torch.floor(torch.log2(amax.clamp(min=MIN_SCALE))).clamp(-127 + 8, 127 + 8) - 8
+            scale = torch.exp2(e)
+            q = (yg.float() / scale).clamp(-fmax, fmax).to(fp8).view(y.shape)
+            return q, (e + 127).to(torch.uint8).squeeze(-1)
+        scale = (amax / fmax).clamp(min=MIN_SCALE)
+        return (yg.float() / scale).clamp(-fmax, fmax).to(fp8).view(y.shape), scale.squeeze(-1)
+
+    return f
+
+
+def traffic(variant, M, N):
+    b = 2 * M * N + 2 * N + M * N  # x (bf16), weight, q (1 byte)
+    if variant.startswith("res+"):
+        b += 2 * 2 * M * N  # residual in, h out
+    if variant.endswith("token"):
+        b += 4 * M
+    elif variant.startswith("group"):
+        b += 4 * M * N // int(variant[5:])
+    elif variant == "mx32":
+        b += M * N // 32
+    return b
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--markdown", type=Path)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--shapes", default=",".join(f"{m}x{n}" for m, n in SHAPES))
+    args = ap.parse_args(argv)
+    run = compare.Runner(["normjit"], False, None, args.reps, args.warmup, 100)
+    if "normjit" in run.unavailable:
+        print("normjit unavailable:", run.unavailable["normjit"], file=sys.stderr)
+        return 3
+    torch, F = run.torch, run.F
+    import normjit.torch as njt
+
+    fp8 = torch.float8_e4m3fn
+    fmax = 448.0
+    gpu = torch.cuda.get_device_name()
+    rows = []
+    for shape in args.shapes.split(","):
+        M, N = (int(v) for v in shape.split("x"))
+        g = torch.Generator(device="cuda").manual_seed(M * 131 + N)
+        x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, generator=g)
+        r = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, generator=g)
+        w = (1 + 0.1 * torch.randn(N, device="cuda", generator=g)).to(torch.bfloat16)
+        static = torch.tensor([0.01], device="cuda")
+        for variant in args.variants.split(","):
+            res = variant.startswith("res+")
+            quant = variant[4:] if res else variant
+            kw = dict(quant="group" if quant.startswith("group") else quant, fp8_dtype=fp8,
+                      group_size=int(quant[5:]) if quant.startswith("group") else 128,
+                      scale=static if quant == "tensor-static" else None, residual=r if res else None)
+
+            def nj():
+                return njt.rms_norm_fp8(x, (N,), w, 1e-6, **kw)
+
+            ref = reference(torch, F, variant, fp8, fmax)
+            torch._dynamo.reset()
+            comp = torch.compile(ref, dynamic=False)
+            out_nj, out_ref = nj(), ref(x, w, r, static)
+            differ = (out_nj[0].view(torch.uint8) != out_ref[0].view(torch.uint8)).float().mean().item()
+            comp(x, w, r, static)
+            nbytes = traffic(variant, M, N)
+            copy = run.time_copy(nbytes)
+            t_nj = run.kernel_us(nj)[0]
+            t_eager = run.kernel_us(lambda: ref(x, w, r, static))[0]
+            t_comp = run.kernel_us(lambda: comp(x, w, r, static))[0]
+            row = dict(gpu=gpu, shape=f"{M}x{N}", variant=variant, bytes=nbytes, copy_us=copy, normjit_us=t_nj,
+                       gbps=nbytes / t_nj / 1e3, sol=copy / t_nj, eager_us=t_eager, compile_us=t_comp,
+                       vs_compile=t_comp / t_nj, vs_eager=t_eager / t_nj, code_differ=differ)
+            rows.append(row)
+            print(f"{gpu} {M}x{N} {variant:14s} normjit {t_nj:8.2f} us {row['gbps']:7.0f} GB/s "
+                  f"SOL {100 * row['sol']:5.1f}%  compile {t_comp:8.2f} us ({row['vs_compile']:.2f}x)  "
+                  f"eager {t_eager:8.2f} us ({row['vs_eager']:.2f}x)  q differ {differ:.4f}", flush=True)
+    if args.json:
+        compare.write_json(args.json, {"rows": rows})
+    if args.markdown:
+        lines = [f"FP8-output RMSNorm (x bf16, q e4m3), kernel time on {gpu}; median of {args.reps}.", "",
+                 "| shape | variant | normjit us | GB/s | SOL% | torch.compile us | ratio | eager us | ratio |",
+                 "|---|---|---|---|---|---|---|---|---|"]
+        for r_ in rows:
+            lines.append(f"| {r_['shape']} | {r_['variant']} | {r_['normjit_us']:.2f} | {r_['gbps']:.0f} | "
+                         f"{100 * r_['sol']:.1f} | {r_['compile_us']:.2f} | {r_['vs_compile']:.2f}x | "
+                         f"{r_['eager_us']:.2f} | {r_['vs_eager']:.2f}x |")
+        args.markdown.write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
