@@ -32,4 +32,16 @@ struct NormArgs {
   const float* x_scale;  // FP8 x (forward and backward): [M, N / XGROUP] fp32, x = q * x_scale
 };
 
+// Constants a prelude defines only for FP8 variants, 0 where it does not:
+// the other variants' preludes (and so their tuned entries) stay as they
+// were before FP8 existed. XGROUP: elements per scale of an FP8 x; QUANT:
+// how y is quantized (quant_args.cuh numbers them). Functions, not static
+// data members, so that no variable joins the other kernels' code.
+template <class S> constexpr auto xgroup_or0(int) -> decltype(S::XGROUP + 0) { return S::XGROUP; }
+template <class S> constexpr int xgroup_or0(long) { return 0; }
+template <class S> constexpr auto quant_or0(int) -> decltype(S::QUANT + 0) { return S::QUANT; }
+template <class S> constexpr int quant_or0(long) { return 0; }
+template <class S> constexpr int xgroup_of() { return xgroup_or0<S>(0); }
+template <class S> constexpr int quant_of() { return quant_or0<S>(0); }
+
 }  // namespace nj

@@ -24,8 +24,9 @@
 // STAGES shared-memory buffers with cp.async (STAGES * ROWS * SLICE *
 // (sizeof x_t + sizeof y_t) bytes of dynamic shared memory; rows must split
 // exactly into chunks); STAGES == 0 double-buffers rows in registers.
-// XGROUP > 0: x is FP8 with one fp32 scale per XGROUP elements of a row
-// (a.x_scale, [M, N / XGROUP]): x = q * scale wherever x is used.
+// XGROUP > 0 (FP8 variants only define it): x is FP8 with one fp32 scale per
+// XGROUP elements of a row (a.x_scale, [M, N / XGROUP]): x = q * scale
+// wherever x is used.
 #pragma once
 #include "common.cuh"
 #include "norm_args.cuh"
@@ -64,23 +65,33 @@ template <class S> struct RowSums {
   }
 };
 
+// The scales of an FP8 row's chunks (XG > 0; an empty base otherwise, so
+// that rows of other dtypes hold nothing more).
+template <int XG, int ITERS, int N> struct XScales {
+  float xsc[ITERS];
+  __device__ __forceinline__ float scale(int i) const { return xsc[i]; }
+  // The scale of chunk i at column col of row `row` (a chunk lies in one group).
+  __device__ __forceinline__ void load_scale(const NormArgs& a, long long row, int i, int col, bool in) {
+    xsc[i] = in ? a.x_scale[row * (N / XG) + col / XG] : 0.f;
+  }
+};
+template <int ITERS, int N> struct XScales<0, ITERS, N> {
+  __device__ __forceinline__ float scale(int) const { return 1.f; }
+  __device__ __forceinline__ void load_scale(const NormArgs&, long long, int, int, bool) {}
+};
+
 // One row's x and dy in registers (their own dtypes), and its statistics.
-template <class S> struct BwdRow {
+template <class S> struct BwdRow : XScales<xgroup_of<S>(), Layout<S>::ITERS, S::N> {
   using L = Layout<S>;
   Vec<typename S::x_t, S::VEC> x[L::ITERS];
   Vec<typename S::y_t, S::VEC> dy[L::ITERS];
-  float xsc[S::XGROUP > 0 ? L::ITERS : 1];  // FP8 x: each chunk's scale
   float r, mu;
   bool valid;
 
   // Element k of chunk i of x, in fp32 (dequantized).
   __device__ __forceinline__ float xv(int i, int k) const {
-    if constexpr (S::XGROUP > 0) return to_float(x[i].v[k]) * xsc[i];
+    if constexpr (xgroup_of<S>() > 0) return to_float(x[i].v[k]) * this->scale(i);
     else return to_float(x[i].v[k]);
-  }
-  // The FP8 scale of chunk i at column col of row `row` (a chunk lies in one group).
-  __device__ __forceinline__ void load_scale(const NormArgs& a, long long row, int i, int col, bool in) {
-    if constexpr (S::XGROUP > 0) xsc[i] = in ? a.x_scale[row * (S::N / S::XGROUP) + col / S::XGROUP] : 0.f;
   }
 
   __device__ __forceinline__ void stats(const NormArgs& a, long long row) {
@@ -100,9 +111,9 @@ template <class S> struct BwdRow {
       if (valid && tc.in(i)) {
         x[i] = load_chunk<S::N, S::VEC>(xr, col, L::EXACT);
         dy[i] = load_chunk<S::N, S::VEC>(dyr, col, L::EXACT);
-        load_scale(a, rr, i, col, true);
+        this->load_scale(a, rr, i, col, true);
       } else {
-        load_scale(a, rr, i, col, false);
+        this->load_scale(a, rr, i, col, false);
 #pragma unroll
         for (int k = 0; k < S::VEC; ++k) {
           x[i].v[k] = from_float<typename S::x_t>(0.f);
@@ -424,7 +435,8 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
         else return 1.f;
       };
       auto x_scale = [&](int col) {  // FP8 x: the chunk's group scale
-        if constexpr (S::XGROUP > 0) return a.x_scale[row * (S::N / S::XGROUP) + col / S::XGROUP];
+        constexpr int XGL = nj::xgroup_of<S>();
+        if constexpr (XGL > 0) return a.x_scale[row * (S::N / XGL) + col / XGL];
         else return 1.f;
       };
       float c[2] = {0.f, 0.f};

@@ -17,8 +17,10 @@
 // TWO_PASS, STORE_RSTD, STORE_MEAN, HAS_W, HAS_B, RESIDUAL, STORE_RES,
 // ROUND_RES, LLAMA, HEADS, UE8M0, COLMAJOR, STORE_YHP, STORE_YT; constexpr
 // float W_OFFSET. h_t is the type a cached row is kept in (x_t, r_t when the
-// sum is rounded, else float; float for an FP8 x). Quantized variants also
-// define `using Q = nj::QuantOps`. One program (CTA) of TPR * ROWS threads normalises
+// sum is rounded, else float; float for an FP8 x). Only FP8 variants define
+// XGROUP (FP8 x) and QUANT, QGROUP, UE8M0, COLMAJOR, STORE_YHP, STORE_YT,
+// yhp_t and `using Q = nj::QuantOps` (quantized y); the others read 0.
+// One program (CTA) of TPR * ROWS threads normalises
 // ROWS rows at a time; with CLUSTER > 1, the CLUSTER CTAs of a cluster
 // normalise one row, each holding a slice of it in registers (wide rows read
 // once, or a decode row spread over several SMs).
@@ -36,27 +38,31 @@ template <class S> struct FwdRow {
   const typename S::r_t* r;
   typename S::ro_t* ro;
   typename S::y_t* y;
-  typename S::yhp_t* yhp;  // STORE_YHP
-  typename S::y_t* yt;     // STORE_YT: this row's column of the [N, M] transpose
-  const float* xs;         // FP8 x: this row's scales
-  long long M;
+  // Quantized y only (untyped here: yhp_t exists in quantized Specs only):
+  // y_hp and the [N, M] transpose, and this row's offset and index.
+  void* yhp;
+  void* yt;
+  index_t yo;
+  long long row, M;
+  const float* xs;  // FP8 x: this row's scales
 
-  __device__ __forceinline__ FwdRow(const NormArgs& a, const QuantArgs& q, long long row) {
-    const index_t yo = row_offset<S::HEADS, index_t>(row, a.y_ld, a.y_hs, a.heads);
-    x = static_cast<const typename S::x_t*>(a.x) + row_offset<S::HEADS, index_t>(row, a.x_ld, a.x_hs, a.heads);
+  __device__ __forceinline__ FwdRow(const NormArgs& a, const QuantArgs& q, long long row_) {
+    x = static_cast<const typename S::x_t*>(a.x) + row_offset<S::HEADS, index_t>(row_, a.x_ld, a.x_hs, a.heads);
+    yo = row_offset<S::HEADS, index_t>(row_, a.y_ld, a.y_hs, a.heads);
     y = static_cast<typename S::y_t*>(a.y) + yo;
-    r = static_cast<const typename S::r_t*>(a.residual) + (S::RESIDUAL ? (index_t)row * (index_t)a.res_ld : 0);
-    ro = static_cast<typename S::ro_t*>(a.residual_out) + (S::STORE_RES ? (index_t)row * (index_t)a.res_out_ld : 0);
-    yhp = static_cast<typename S::yhp_t*>(q.y_hp) + (S::STORE_YHP ? yo : 0);
-    yt = static_cast<typename S::y_t*>(q.y_t) + (S::STORE_YT ? row : 0);
-    xs = a.x_scale + (S::XGROUP > 0 ? (index_t)row * (S::N / (S::XGROUP > 0 ? S::XGROUP : 1)) : 0);
+    r = static_cast<const typename S::r_t*>(a.residual) + (S::RESIDUAL ? (index_t)row_ * (index_t)a.res_ld : 0);
+    ro = static_cast<typename S::ro_t*>(a.residual_out) + (S::STORE_RES ? (index_t)row_ * (index_t)a.res_out_ld : 0);
+    row = row_;
+    yhp = q.y_hp;
+    yt = q.y_t;
     M = a.M;
+    xs = a.x_scale + (xgroup_of<S>() > 0 ? (index_t)row_ * (S::N / (xgroup_of<S>() > 0 ? xgroup_of<S>() : 1)) : 0);
   }
 
   // x of one chunk in fp32: an FP8 x times its group's scale (a chunk lies
   // in one group: VEC divides XGROUP).
   __device__ __forceinline__ float x_at(const Vec<typename S::x_t, S::VEC>& xv, int k, float xscale) const {
-    if constexpr (S::XGROUP > 0) return to_float(xv.v[k]) * xscale;
+    if constexpr (xgroup_of<S>() > 0) return to_float(xv.v[k]) * xscale;
     else return to_float(xv.v[k]);
   }
 
@@ -65,8 +71,8 @@ template <class S> struct FwdRow {
     const Vec<typename S::x_t, S::VEC> xv = load_chunk<S::N, S::VEC>(x, col, exact);
     Vec<typename S::h_t, S::VEC> h;
     float xscale = 1.f;
-    if constexpr (S::XGROUP > 0) xscale = xs[col / (S::XGROUP > 0 ? S::XGROUP : 1)];
-    if constexpr (!S::RESIDUAL && S::XGROUP == 0) {
+    if constexpr (xgroup_of<S>() > 0) xscale = xs[col / (xgroup_of<S>() > 0 ? xgroup_of<S>() : 1)];
+    if constexpr (!S::RESIDUAL && xgroup_of<S>() == 0) {
       h = xv;
     } else if constexpr (!S::RESIDUAL) {
 #pragma unroll
@@ -86,44 +92,55 @@ template <class S> struct FwdRow {
     return h;
   }
 
-  // y of one chunk of h in fp32, given that chunk's weight and bias; the
-  // mean is shift + m (see norm_fwd), kept apart so that h - mean loses
-  // nothing when the mean is large.
+  // y of element k of a chunk of h, in fp32, given that chunk's weight and
+  // bias; the mean is shift + m (see norm_fwd), kept apart so that h - mean
+  // loses nothing when the mean is large.
+  __device__ __forceinline__ float y_at(const Vec<typename S::h_t, S::VEC>& h, int k, float shift, float m, float rstd,
+                                        const Vec<typename S::w_t, S::VEC>& wv,
+                                        const Vec<typename S::w_t, S::VEC>& bv) const {
+    float v = ((to_float(h.v[k]) - shift) - m) * rstd;
+    if constexpr (S::LLAMA) v = round_to<typename S::x_t>(v);  // normalised row in the input dtype
+    if constexpr (S::HAS_W) v *= to_float(wv.v[k]) + S::W_OFFSET;
+    if constexpr (S::HAS_B) v += to_float(bv.v[k]);
+    return v;
+  }
+
+  // y of one chunk, rounded once to y_t and stored.
+  __device__ __forceinline__ void store_y(int col, bool exact, const Vec<typename S::h_t, S::VEC>& h, float shift,
+                                          float m, float rstd, const Vec<typename S::w_t, S::VEC>& wv,
+                                          const Vec<typename S::w_t, S::VEC>& bv) const {
+    Vec<typename S::y_t, S::VEC> yv;
+#pragma unroll
+    for (int k = 0; k < S::VEC; ++k) yv.v[k] = from_float<typename S::y_t>(y_at(h, k, shift, m, rstd, wv, bv));
+    store_chunk<S::N, S::VEC>(y, col, yv, exact);
+  }
+
+  // y of one chunk in fp32 (quantized variants: the scales need it first).
   __device__ __forceinline__ void y_values(const Vec<typename S::h_t, S::VEC>& h, float shift, float m, float rstd,
                                            const Vec<typename S::w_t, S::VEC>& wv,
                                            const Vec<typename S::w_t, S::VEC>& bv, float (&v)[S::VEC]) const {
 #pragma unroll
-    for (int k = 0; k < S::VEC; ++k) {
-      v[k] = ((to_float(h.v[k]) - shift) - m) * rstd;
-      if constexpr (S::LLAMA) v[k] = round_to<typename S::x_t>(v[k]);  // normalised row in the input dtype
-      if constexpr (S::HAS_W) v[k] *= to_float(wv.v[k]) + S::W_OFFSET;
-      if constexpr (S::HAS_B) v[k] += to_float(bv.v[k]);
-    }
+    for (int k = 0; k < S::VEC; ++k) v[k] = y_at(h, k, shift, m, rstd, wv, bv);
   }
 
-  // Stores one chunk of y: rounded to y_t, or quantized with `inv` = 1 /
+  // Stores one chunk of a quantized y, the values `v` times `inv` = 1 /
   // scale (and y_hp, the transpose).
-  __device__ __forceinline__ void store_y(int col, bool exact, const float (&v)[S::VEC], long long row,
-                                          float inv) const {
-    if constexpr (S::QUANT == Q_NONE) {
-      Vec<typename S::y_t, S::VEC> yv;
-#pragma unroll
-      for (int k = 0; k < S::VEC; ++k) yv.v[k] = from_float<typename S::y_t>(v[k]);
-      store_chunk<S::N, S::VEC>(y, col, yv, exact);
-    } else {
+  __device__ __forceinline__ void store_q(int col, bool exact, const float (&v)[S::VEC], float inv) const {
+    {
       const Vec<typename S::y_t, S::VEC> qv = S::Q::template quantize<typename S::y_t, S::VEC>(v, inv);
       store_chunk<S::N, S::VEC>(y, col, qv, exact);
       if constexpr (S::STORE_YHP) {
         Vec<typename S::yhp_t, S::VEC> hv;
 #pragma unroll
         for (int k = 0; k < S::VEC; ++k) hv.v[k] = from_float<typename S::yhp_t>(v[k]);
-        store_chunk<S::N, S::VEC>(yhp, col, hv, exact);
+        store_chunk<S::N, S::VEC>(static_cast<typename S::yhp_t*>(yhp) + yo, col, hv, exact);
       }
       if constexpr (S::STORE_YT) {
         // Column j of this row is element (j, row) of the [N, M] transpose.
+        auto* t = static_cast<typename S::y_t*>(yt) + row;
 #pragma unroll
         for (int k = 0; k < S::VEC; ++k)
-          if (exact || col + k < S::N) yt[(long long)(col + k) * M] = qv.v[k];
+          if (exact || col + k < S::N) t[(long long)(col + k) * M] = qv.v[k];
       }
     }
   }
@@ -148,16 +165,16 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
   using h_t = typename S::h_t;
   using w_t = typename S::w_t;
   constexpr int C = S::CLUSTER;
+  constexpr int QUANT = nj::quant_of<S>();
   using L = nj::RowLayout<S::N, S::VEC, S::TPR, C>;
   static_assert(C == 1 || (S::ROWS == 1 && !S::TWO_PASS), "a cluster shares one row held in registers");
-  static_assert(C == 1 || S::QUANT == nj::Q_NONE, "quantized rows are not split over a cluster");
-  constexpr bool GROUPED = S::QUANT == nj::Q_GROUP || S::QUANT == nj::Q_MX;
-  constexpr bool ROW_AMAX = S::QUANT == nj::Q_TOKEN || S::QUANT == nj::Q_TENSOR;
+  static_assert(C == 1 || QUANT == nj::Q_NONE, "quantized rows are not split over a cluster");
+  constexpr bool GROUPED = QUANT == nj::Q_GROUP || QUANT == nj::Q_MX;
+  constexpr bool ROW_AMAX = QUANT == nj::Q_TOKEN || QUANT == nj::Q_TENSOR;
   // Sums per reduction: one (register rows: sum of squares, or LayerNorm's
   // sum then squared deviations), two (two-pass rows: both at once).
   constexpr int K = S::TWO_PASS ? 2 : 1;
   __shared__ float red[S::ROWS][nj::kWarpsPerRow<S::TPR>][K];
-  __shared__ float redmax[ROW_AMAX ? S::ROWS : 1][nj::kWarpsPerRow<S::TPR>];
 
   const int lane = threadIdx.x % S::TPR;
   long long row;
@@ -166,10 +183,13 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     row = nj::cluster_id();
     c0 = static_cast<int>(nj::cluster_rank()) * L::SLICE;
   } else {
-    row = group * S::ROWS + threadIdx.x / S::TPR;
+    // (Written apart: the kernels without tensor scaling then compile to
+    // exactly the code they had before it existed; `group` is blockIdx.x.)
+    if constexpr (QUANT == nj::Q_TENSOR) row = group * S::ROWS + threadIdx.x / S::TPR;
+    else row = (long long)blockIdx.x * S::ROWS + threadIdx.x / S::TPR;
   }
   // Tensor scaling's first launch only measures.
-  const bool measure = S::QUANT == nj::Q_TENSOR && q.phase == 0;
+  const bool measure = QUANT == nj::Q_TENSOR && q.phase == 0;
   const nj::ThreadCols<S::N, S::VEC, S::TPR, C> tc{c0, lane};
   // Cluster rows exchange one value per CTA (RMSNorm: the sum of squares;
   // LayerNorm: the slice's sum and M2). Set up before the loads, so the
@@ -253,25 +273,22 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
       s[0] = nj::warp_sum(s[0]);
     }
     rstd = rsqrtf(s[0] * inv_n + a.eps);
-    auto chunk_y = [&](int i, float (&v)[S::VEC]) {
-      nj::Vec<w_t, S::VEC> w, b;
-      if constexpr (PREFETCH_WB) {
-        w = wv[i];
-        b = bv[i];
-      } else {
-        nj::load_wb<S>(a, tc.col(i), L::EXACT, w, b);
-      }
-      R.y_values(hv[i], shift, m, rstd, w, b, v);
-    };
     float row_amax = 0.f;
     if constexpr (ROW_AMAX) {
       // Token and tensor scales need the row's amax before its first store.
-      if (S::QUANT == nj::Q_TOKEN || measure) {
+      if (QUANT == nj::Q_TOKEN || measure) {
 #pragma unroll
         for (int i = 0; i < L::ITERS; ++i) {
           if (valid && tc.in(i)) {
+            nj::Vec<w_t, S::VEC> w, b;
+            if constexpr (PREFETCH_WB) {
+              w = wv[i];
+              b = bv[i];
+            } else {
+              nj::load_wb<S>(a, tc.col(i), L::EXACT, w, b);
+            }
             float v[S::VEC];
-            chunk_y(i, v);
+            R.y_values(hv[i], shift, m, rstd, w, b, v);
 #pragma unroll
             for (int k = 0; k < S::VEC; ++k)
               if (L::EXACT || tc.col(i) + k < S::N) row_amax = fmaxf(row_amax, fabsf(v[k]));
@@ -282,20 +299,31 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         amax_acc = fmaxf(amax_acc, row_amax);
         return;
       }
-      if constexpr (S::QUANT == nj::Q_TOKEN) row_amax = S::Q::template row_max<S::TPR, S::ROWS>(row_amax, redmax);
+      if constexpr (QUANT == nj::Q_TOKEN) row_amax = S::Q::template row_max<S::TPR, S::ROWS>(row_amax);
     }
     float inv = 1.f;  // 1 / the scale a row or the tensor shares
-    if constexpr (S::QUANT != nj::Q_NONE) inv = S::Q::template shared_inv_scale<S>(q, row_amax, valid && lane == 0, row);
+    if constexpr (QUANT != nj::Q_NONE) inv = S::Q::template shared_inv_scale<S>(q, row_amax, valid && lane == 0, row);
 #pragma unroll
     for (int i = 0; i < L::ITERS; ++i) {
       const int col = tc.col(i);
       // A group's lanes share `valid` and `in` (groups divide N): they meet in group_max together.
       if (valid && tc.in(i)) {
-        float v[S::VEC];
-        chunk_y(i, v);
-        float gi = inv;
-        if constexpr (GROUPED) gi = S::Q::template group_inv_scale<S>(q, v, col, row);
-        R.store_y(col, L::EXACT, v, row, gi);
+        nj::Vec<w_t, S::VEC> w, b;
+        if constexpr (PREFETCH_WB) {
+          w = wv[i];
+          b = bv[i];
+        } else {
+          nj::load_wb<S>(a, col, L::EXACT, w, b);
+        }
+        if constexpr (QUANT == nj::Q_NONE) {
+          R.store_y(col, L::EXACT, hv[i], shift, m, rstd, w, b);
+        } else {
+          float v[S::VEC];
+          R.y_values(hv[i], shift, m, rstd, w, b, v);
+          float gi = inv;
+          if constexpr (GROUPED) gi = S::Q::template group_inv_scale<S>(q, v, col, row);
+          R.store_q(col, L::EXACT, v, gi);
+        }
       }
     }
   } else {
@@ -326,6 +354,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
       var = fmaxf(var - m * m, 0.f);
     }
     rstd = rsqrtf(var + a.eps);
+    // y of chunk c in fp32 (quantized variants).
     auto chunk_y = [&](int c, float (&v)[S::VEC]) {
       nj::Vec<w_t, S::VEC> w, b;
       nj::load_wb<S>(a, c * S::VEC, L::EXACT, w, b);
@@ -334,7 +363,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     float row_amax = 0.f;
     if constexpr (ROW_AMAX) {
       // One more pass over the row (from L2) for its amax.
-      if (valid && (S::QUANT == nj::Q_TOKEN || measure)) {
+      if (valid && (QUANT == nj::Q_TOKEN || measure)) {
 #pragma unroll 4
         for (int c = lane; c < L::CHUNKS; c += S::TPR) {
           float v[S::VEC];
@@ -348,20 +377,26 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         amax_acc = fmaxf(amax_acc, row_amax);
         return;
       }
-      if constexpr (S::QUANT == nj::Q_TOKEN) row_amax = S::Q::template row_max<S::TPR, S::ROWS>(row_amax, redmax);
+      if constexpr (QUANT == nj::Q_TOKEN) row_amax = S::Q::template row_max<S::TPR, S::ROWS>(row_amax);
     }
-    float inv = 1.f;  // 1 / the scale a row or the tensor shares
-    if constexpr (S::QUANT != nj::Q_NONE) inv = S::Q::template shared_inv_scale<S>(q, row_amax, valid && lane == 0, row);
+    float inv = 1.f;
+    if constexpr (QUANT != nj::Q_NONE) inv = S::Q::template shared_inv_scale<S>(q, row_amax, valid && lane == 0, row);
     if (valid) {
       // A group's lanes run the same iterations (TPR and the chunk count are
       // multiples of the lanes of a group), so they meet in group_max.
 #pragma unroll 4
       for (int c = lane; c < L::CHUNKS; c += S::TPR) {
-        float v[S::VEC];
-        chunk_y(c, v);
-        float gi = inv;
-        if constexpr (GROUPED) gi = S::Q::template group_inv_scale<S>(q, v, c * S::VEC, row);
-        R.store_y(c * S::VEC, L::EXACT, v, row, gi);
+        if constexpr (QUANT == nj::Q_NONE) {
+          nj::Vec<w_t, S::VEC> w, b;
+          nj::load_wb<S>(a, c * S::VEC, L::EXACT, w, b);
+          R.store_y(c * S::VEC, L::EXACT, R.load_h(c * S::VEC, L::EXACT, false), shift, m, rstd, w, b);
+        } else {
+          float v[S::VEC];
+          chunk_y(c, v);
+          float gi = inv;
+          if constexpr (GROUPED) gi = S::Q::template group_inv_scale<S>(q, v, c * S::VEC, row);
+          R.store_q(c * S::VEC, L::EXACT, v, gi);
+        }
       }
     }
   }
@@ -372,18 +407,17 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
 }
 
 // A template, so that `if constexpr` discards the paths a Spec does not take.
-// Programs stride over the row groups: one each in an ordinary launch; the
-// measuring launch of tensor scaling runs a resident-sized grid, so that
+// One program per row group, except with tensor scaling: its measuring
+// launch runs a resident-sized grid striding over the row groups, so that
 // few programs meet in the one atomic amax.
 template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& a, const nj::QuantArgs& q) {
   float amax_acc = 0.f;
-  if constexpr (S::CLUSTER > 1) {
-    norm_fwd_rows<S>(a, q, 0, amax_acc);
+  if constexpr (nj::quant_of<S>() != nj::Q_TENSOR) {
+    norm_fwd_rows<S>(a, q, S::CLUSTER > 1 ? 0 : blockIdx.x, amax_acc);
   } else {
     for (long long g = blockIdx.x; g * S::ROWS < a.M; g += gridDim.x) norm_fwd_rows<S>(a, q, g, amax_acc);
-  }
-  if constexpr (S::QUANT == nj::Q_TENSOR)
     if (q.phase == 0) S::Q::block_max_to(amax_acc, q.amax);
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(Spec::TPR * Spec::ROWS)

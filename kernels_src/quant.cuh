@@ -14,11 +14,11 @@ namespace nj {
 struct QuantOps {
   // The largest of v over the TPR threads of a row (all threads of the block
   // call it: it may hold a barrier). fmaxf drops NaN: amax ignores NaN inputs.
-  template <int TPR, int ROWS>
-  static __device__ __forceinline__ float row_max(float v, float (*smem)[kWarpsPerRow<TPR>]) {
+  template <int TPR, int ROWS> static __device__ __forceinline__ float row_max(float v) {
 #pragma unroll
     for (int o = (TPR < 32 ? TPR : 32) / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     if constexpr (TPR > 32) {
+      __shared__ float smem[ROWS][kWarpsPerRow<TPR>];
       const int rg = threadIdx.x / TPR, w = (threadIdx.x % TPR) / 32;
       if (threadIdx.x % 32 == 0) smem[rg][w] = v;
       __syncthreads();

@@ -139,6 +139,17 @@ TEST_CASE("c_api: normjit_norm_desc_init equals NormDesc{}") {
   CHECK(c.cast_mode == static_cast<int>(d.cast_mode));
   CHECK(c.store_rstd == static_cast<int>(d.store_rstd));
   CHECK(c.store_mean == static_cast<int>(d.store_mean));
+  CHECK(c.quant == static_cast<int>(d.quant));
+  CHECK(c.quant_group == d.quant_group);
+  CHECK(c.scale_ue8m0 == static_cast<int>(d.scale_ue8m0));
+  CHECK(c.scale_col_major == static_cast<int>(d.scale_col_major));
+  CHECK(c.scale_stride == d.scale_stride);
+  CHECK(c.scale_ub == d.scale_ub);
+  CHECK(c.store_y_hp == static_cast<int>(d.store_y_hp));
+  CHECK(c.y_hp_dtype == static_cast<int>(d.y_hp_dtype));
+  CHECK(c.store_y_t == static_cast<int>(d.store_y_t));
+  CHECK(c.x_group == d.x_group);
+  CHECK(c.grad_dtype == static_cast<int>(d.grad_dtype));
 }
 
 TEST_CASE("c_api: tensor *_init give null pointers") {
@@ -292,6 +303,21 @@ TEST_CASE("c_api: bad arguments give INVALID_ARGUMENT naming the argument and it
     check_invalid(normjit_backward_workspace_size(te.engine, &d, nullptr), "bytes = NULL");
     check_invalid(normjit_config_for(te.engine, NORMJIT_OP_FORWARD, &d, nullptr, 16, nullptr), "buf = NULL");
     check_invalid(normjit_tune(te.engine, NORMJIT_OP_FORWARD, &d, nullptr, 16, nullptr), "winner = NULL");
+  }
+  SUBCASE("FP8 fields: a bad quant, an FP8 y without one, a group that does not divide N") {
+    d.quant = 9;
+    check_invalid(normjit_forward(te.engine, &d, &ft, nullptr), "desc->quant = 9");
+    d.quant = NORMJIT_QUANT_NONE;
+    d.y_dtype = NORMJIT_E4M3;
+    check_invalid(normjit_forward(te.engine, &d, &ft, nullptr), "y_dtype = e4m3 needs quant");
+    d.quant = NORMJIT_QUANT_GROUP;
+    d.quant_group = 128;  // N = 64
+    check_invalid(normjit_forward(te.engine, &d, &ft, nullptr), "quant_group = 128 does not divide N = 64");
+    d.quant = NORMJIT_QUANT_TOKEN;
+    void* fake = reinterpret_cast<void*>(std::uintptr_t{1} << 20);  // never dereferenced: the check fails first
+    ft.x = ft.weight = fake;
+    ft.y = ft.rstd = fake;
+    check_invalid(normjit_forward(te.engine, &d, &ft, nullptr), "y_scale = null");
   }
   SUBCASE("N = 0 and M < 0, before any GPU work; nothing written") {
     d.N = 0;

@@ -402,6 +402,57 @@ TEST_CASE("descriptors: shapes_from_model_config names what is wrong with a bad 
   check_invalid([&] { huge.shapes({1}); }, {"N = 300000"});
 }
 
+TEST_CASE("descriptors: FP8 fields are validated, naming the field and its value") {
+  auto fp8 = [](const char* spec) { return parse_shape_spec(spec).desc; };
+  NormDesc d = fp8("rms:bf16:64x4096:quant=e4m3/group128");
+  d.quant_group = 96;
+  check_invalid([&] { d.validate(); }, {"quant_group = 96", "16, 32, 64 or 128"});
+  check_invalid([&] { parse_shape_spec("rms:bf16:64x1000:quant=e4m3/group128"); }, {"quant_group = 128", "N = 1000"});
+  check_invalid([&] { parse_shape_spec("rms:bf16:64x1000:quant=e4m3/mx32"); }, {"mx32", "N = 1000"});
+  check_invalid([&] { parse_shape_spec("rms:bf16:64x1024:quant=e4m3/token:ue8m0"); }, {"scale_ue8m0", "quant = token"});
+  check_invalid([&] { parse_shape_spec("rms:bf16:64x1024:quant=e4m3/group64:ub=2"); }, {"scale_ub = 2", "quant = group"});
+  check_invalid([&] { parse_shape_spec("rms:bf16:64x1024:quant=e4m3/token:transpose"); }, {"store_y_t", "quant = token"});
+  check_invalid([&] { parse_shape_spec("rms:bf16:64x1024:yhp"); }, {"store_y_hp", "quant"});
+  check_invalid([&] { parse_shape_spec("rms:bf16:64x1000:x=e4m3/group16"); }, {"x_group = 16", "N = 1000"});
+  check_invalid([&] { parse_shape_spec("rms:bf16:64x1024:x=e4m3/group64"); }, {"x_group = 64", "16, 32 or 128"});
+  check_invalid([&] { parse_shape_spec("rms:bf16:64x1024:x=e4m3/group16:cast=llama"); }, {"cast_mode = llama", "e4m3"});
+  check_invalid([&] { parse_shape_spec("rms:bf16:64x1024:quant=e4m3/int8"); }, {"quant = 'e4m3/int8'"});
+  check_invalid([&] { parse_shape_spec("rms:bf16:64x1024:w=e4m3"); }, {"weight_dtype = e4m3", "x and y only"});
+  NormDesc y8 = fp8("rms:bf16:64x1024");
+  y8.y_dtype = DType::E5M2;
+  check_invalid([&] { y8.validate(); }, {"y_dtype = e5m2", "needs quant"});
+  NormDesc q = fp8("rms:bf16:64x1024");
+  q.quant = QuantScaling::Token;
+  check_invalid([&] { q.validate(); }, {"quant = token", "y_dtype = bf16"});
+  NormDesc cm = fp8("rms:bf16:64x4096:quant=e4m3/group128:colmajor");
+  cm.scale_stride = 32;
+  check_invalid([&] { cm.validate(); }, {"scale_stride = 32", "M = 64"});
+  cm.scale_stride = 128;
+  CHECK_NOTHROW(cm.validate());
+  CHECK(cm.scale_ld() == 128);
+  CHECK(cm.quant_groups() == 32);
+}
+
+TEST_CASE("descriptors: an FP8 model config (DeepSeek-V3 style) adds per-token-group FP8 hidden norms") {
+  const ModelFile ds(R"({"model_type": "deepseek_v3", "hidden_size": 7168, "rms_norm_eps": 1e-6,
+    "torch_dtype": "bfloat16", "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
+    "quant_method": "fp8", "weight_block_size": [128, 128]}})");
+  const auto shapes = ds.shapes({1, 4096});
+  int fp8 = 0;
+  for (const auto& s : shapes) {
+    if (s.name.rfind("hidden_fp8", 0) != 0) continue;
+    ++fp8;
+    CHECK(s.desc.N == 7168);
+    CHECK(s.desc.y_dtype == DType::E4M3);
+    CHECK(s.desc.quant == QuantScaling::Group);
+    CHECK(s.desc.quant_group == 128);
+    CHECK(s.desc.scale_col_major);
+  }
+  CHECK(fp8 == 2);
+  const ModelFile plain(R"({"hidden_size": 4096})");
+  for (const auto& s : plain.shapes({1})) CHECK(s.desc.quant == QuantScaling::None);
+}
+
 // ---- Engine argument checks (before any driver call) ------------------------
 
 namespace {

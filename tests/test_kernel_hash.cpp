@@ -5,7 +5,11 @@
 
 #include <random>
 
+#include "cache_migrate.hpp"
 #include "config_grid.hpp"
+#include "cubin.hpp"
+#include "nvrtc.hpp"
+#include "test_util.hpp"
 #include "kernel_sources.hpp"
 #include "shapes.hpp"
 #include "specialization.hpp"
@@ -154,5 +158,93 @@ TEST_CASE("shape_spec round-trips a descriptor's variant, N and M") {
     const NormDesc back = parse_shape_spec(spec).desc;
     CHECK(back.M == d.M);
     for (Op op : {Op::Forward, Op::Backward}) CHECK(shape_key(op, back) == shape_key(op, d));
+  }
+}
+
+TEST_CASE("shape_spec round-trips every FP8 variant") {
+  for (const auto& v : normjit_test::fp8_variants(512, 4096, DType::BF16)) {
+    CAPTURE(v.name);
+    const std::string spec = shape_spec(v.desc);
+    CAPTURE(spec);
+    const NormDesc back = parse_shape_spec(spec).desc;
+    CHECK(back.M == v.desc.M);
+    for (Op op : {Op::Forward, Op::Backward}) CHECK(shape_key(op, back) == shape_key(op, v.desc));
+    CHECK(back.scale_ub == v.desc.scale_ub);
+  }
+}
+
+TEST_CASE("kernel hash: FP8 constants appear only in FP8 variants' preludes") {
+  // Variants without FP8 compile the same sources as before FP8 existed, so
+  // their tuned entries and cubins carry over.
+  for (const char* plain : {"rms:bf16:8192x4096", "ln:fp16:4096x1000:res"})
+    for (Op op : {Op::Forward, Op::Backward}) {
+      const std::string src = spec_of(plain, op).source();
+      CHECK(src.find("XGROUP") == std::string::npos);
+      CHECK(src.find("QUANT") == std::string::npos);
+      CHECK(src.find("#include \"common.cuh\"") != std::string::npos);
+    }
+  CHECK(spec_of("rms:bf16:8192x4096:quant=e4m3/token", Op::Forward).source().find("QUANT = 3") != std::string::npos);
+  CHECK(spec_of("rms:bf16:8192x4096:x=e4m3/group16", Op::Backward).source().find("XGROUP = 16") != std::string::npos);
+}
+
+TEST_CASE("cache migrate: entries whose kernels compile to the same machine code are renewed, others stay stale") {
+  const char* shape = "rms:bf16:4096x4096";
+  const NormDesc d = parse_shape_spec(shape).desc;
+  KernelSpec s = spec_of(shape, Op::Forward);
+  // An edit that leaves the code alone (a comment) and one that changes it.
+  SourceMap comment = kernel_sources(), code = kernel_sources();
+  comment["norm_fwd.cuh"] += "\n// a comment\n";
+  const std::size_t at = code["norm_fwd.cuh"].find("rsqrtf(");
+  REQUIRE(at != std::string::npos);
+  code["norm_fwd.cuh"].replace(at, 7, "1.f / sqrtf(");
+  const std::string fp_now = machine_code_fingerprint(
+      compile_cubin(s.source(), "a.cu", kernel_sources(), nvrtc_options(), s.kernel_name(), "sm_90").cubin, s.kernel_name());
+  CHECK(machine_code_fingerprint(compile_cubin(s.source(), "b.cu", comment, nvrtc_options(), s.kernel_name(), "sm_90").cubin,
+                                 s.kernel_name()) == fp_now);
+  CHECK(machine_code_fingerprint(compile_cubin(s.source(), "c.cu", code, nvrtc_options(), s.kernel_name(), "sm_90").cubin,
+                                 s.kernel_name()) != fp_now);
+  CHECK_THROWS_AS(machine_code_fingerprint("not an elf", "k"), Error);
+
+  const auto dir = normjit_test::make_temp_dir("migrate");
+  const std::string path = (*dir / "cache.json").string();
+  const DeviceFingerprint dev{"NVIDIA H100 80GB HBM3", 9, 0, 132, 50 * 1024 * 1024};
+  const CacheMetadata md{"0.1.0", "old", "13.0", 13000};
+  // Entries tuned "with" the edited sources: their hashes are those sources'.
+  auto entry = [&](const SourceMap& files, std::int64_t M) {
+    NormDesc dm = d;
+    dm.M = M;
+    TunedEntry e = real_entry(shape, Op::Forward);
+    e.shape = shape_spec(dm);
+    KernelSpec sm = make_spec(Op::Forward, dm, e.winner);
+    sm.index64 = false;
+    e.kernel_hash = sm.source_hash(files);
+    return std::pair{shape_key(Op::Forward, dm), e};
+  };
+  const auto [k1, e1] = entry(comment, 4096);
+  const auto [k2, e2] = entry(code, 1);
+  const auto [k3, e3] = entry(kernel_sources(), 256);
+  merge_into_tuned_cache_file(path, dev, md, {{k1, e1}, {k2, e2}, {k3, e3}});
+  CHECK_FALSE(entry_staleness(k1, e1).empty());
+
+  SUBCASE("from the comment edit: one renewed, one from other sources, one current") {
+    const MigrationReport r = migrate_tuned_cache_file(path, comment, "sm_90", true, [](const std::string&) {});
+    CHECK(r.entries == 3);
+    CHECK(r.migrated == 1);
+    CHECK(r.foreign == 1);
+    CHECK(r.current == 1);
+    const auto f = read_tuned_cache_file(path, [](const std::string&) {});
+    REQUIRE(f);
+    CHECK(entry_staleness(k1, f->entries.at(k1)).empty());
+    CHECK_FALSE(entry_staleness(k2, f->entries.at(k2)).empty());
+  }
+  SUBCASE("from the code edit: the changed kernel stays stale and nothing is written") {
+    const MigrationReport r = migrate_tuned_cache_file(path, code, "sm_90", true, [](const std::string&) {});
+    CHECK(r.changed == 1);
+    CHECK(r.migrated == 0);
+    REQUIRE(r.changed_keys.size() == 1);
+    CHECK(r.changed_keys[0] == k2);
+    const auto f = read_tuned_cache_file(path, [](const std::string&) {});
+    REQUIRE(f);
+    CHECK_FALSE(entry_staleness(k2, f->entries.at(k2)).empty());
   }
 }

@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autotune.hpp"
+#include "cache_migrate.hpp"
 #include "config_grid.hpp"
 #include "grid.hpp"
 #include "check.hpp"
@@ -552,6 +553,23 @@ int cmd_doctor(Engine& engine) {
 
 }  // namespace
 
+// cache migrate: renews entries whose machine code an edit left alone.
+int cmd_cache_migrate(const std::string& old_dir, const std::string& arch, const std::vector<std::string>& files,
+                      bool write) {
+  const SourceMap old_files = read_kernel_dir(old_dir, "--old-kernels");
+  int changed = 0;
+  for (const auto& f : files) {
+    const MigrationReport r =
+        migrate_tuned_cache_file(f, old_files, arch, write, [](const std::string& w) { fmt::print(stderr, "{}\n", w); });
+    fmt::print("{}: {} entries: {} current, {} renewed (same machine code on {}), {} changed (stale: re-tune), "
+               "{} from other sources{}\n",
+               f, r.entries, r.current, r.migrated, arch, r.changed, r.foreign, write ? "" : " (dry run)");
+    for (const auto& k : r.changed_keys) fmt::print("  changed: {}\n", k);
+    changed += r.changed;
+  }
+  return changed > 0 ? 1 : 0;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"normjit: run-time compiled RMSNorm and LayerNorm kernels (NVRTC + CUDA Driver API): tune, benchmark, precompile"};
   app.set_version_flag("--version", std::string("normjit ") + NORMJIT_VERSION_STRING);
@@ -611,6 +629,17 @@ int main(int argc, char** argv) {
   std::string show_file;
   cache_show->add_option("--file", show_file, "A tuned-cache file (default: every file of the user cache)");
   auto* cache_clear = cache->add_subcommand("clear", "Remove the user cache's tuned configs and compiled kernels");
+  auto* cache_migrate = cache->add_subcommand(
+      "migrate", "Renew tuned entries whose kernels compile to the same machine code from the current templates "
+                 "as from the templates they were tuned with (NVRTC only, no GPU)");
+  std::string old_kernels, migrate_arch = "sm_90";
+  std::vector<std::string> migrate_files;
+  bool migrate_dry = false;
+  cache_migrate->add_option("--old-kernels", old_kernels, "Directory of the kernels_src/*.cuh the entries were tuned with")
+      ->required()->check(CLI::ExistingDirectory);
+  cache_migrate->add_option("--arch", migrate_arch, "Architecture to compare the machine code for");
+  cache_migrate->add_flag("--dry-run", migrate_dry, "Report only; write nothing");
+  cache_migrate->add_option("files", migrate_files, "Tuned-cache files")->required()->check(CLI::ExistingFile);
 
   auto* doctor = app.add_subcommand("doctor", "Report driver, NVRTC, devices, cache paths and what is missing");
 
@@ -634,6 +663,7 @@ int main(int argc, char** argv) {
     if (cache_list->parsed()) return cmd_cache_list(engine);
     if (cache_show->parsed()) return cmd_cache_show(engine, show_file);
     if (cache_clear->parsed()) return cmd_cache_clear(engine);
+    if (cache_migrate->parsed()) return cmd_cache_migrate(old_kernels, migrate_arch, migrate_files, !migrate_dry);
     if (doctor->parsed()) return cmd_doctor(engine);
   } catch (const CLI::Error& e) {
     app.exit(e);

@@ -20,6 +20,23 @@ namespace normjit::detail {
 extern const std::pair<std::string_view, std::string_view> kEmbeddedKernelSources[];
 extern const int kEmbeddedKernelSourceCount;
 
+SourceMap read_kernel_dir(const std::string& dir, const char* what) {
+  namespace fs = std::filesystem;
+  SourceMap files;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() != ".cuh") continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    files[e.path().filename().string()] = ss.str();
+  }
+  if (ec || files.empty())
+    throw Error(ErrorKind::InvalidArgument, fmt::format("{} = '{}' holds no readable *.cuh files{}", what, dir,
+                                                        ec ? ": " + ec.message() : ""));
+  return files;
+}
+
 namespace {
 struct Sources {
   std::map<std::string, std::string> files;
@@ -31,19 +48,7 @@ const Sources& sources() {
     Sources r;
     const char* dir = std::getenv("NORMJIT_KERNELS_DIR");
     if (dir && *dir) {
-      namespace fs = std::filesystem;
-      std::error_code ec;
-      for (const auto& e : fs::directory_iterator(dir, ec)) {
-        if (e.path().extension() != ".cuh") continue;
-        std::ifstream in(e.path(), std::ios::binary);
-        std::ostringstream ss;
-        ss << in.rdbuf();
-        r.files[e.path().filename().string()] = ss.str();
-      }
-      if (ec || r.files.empty())
-        throw Error(ErrorKind::InvalidArgument,
-                    fmt::format("NORMJIT_KERNELS_DIR = '{}' holds no readable *.cuh files{}", dir,
-                                ec ? ": " + ec.message() : ""));
+      r.files = read_kernel_dir(dir, "NORMJIT_KERNELS_DIR");
       r.origin = dir;
     } else {
       for (int i = 0; i < kEmbeddedKernelSourceCount; ++i)

@@ -16,6 +16,9 @@ const std::string& kernel_source_hash();
 const std::string& kernel_sources_origin();
 
 using SourceMap = std::map<std::string, std::string>;
+/// The *.cuh files of `dir` by name. Throws Error(InvalidArgument), naming
+/// `what` and `dir`, when it holds none or cannot be read.
+SourceMap read_kernel_dir(const std::string& dir, const char* what);
 /// Hash over `text` and every template it includes (`#include "name"`,
 /// transitively, each once): what NVRTC compiles for it, no more. Editing a
 /// template outside the closure leaves the hash unchanged. A name missing

@@ -172,6 +172,21 @@ std::vector<NamedShape> shapes_from_model_config(const std::string& path, const 
     kv_heads = j.contains("num_key_value_heads") ? get_int("num_key_value_heads") : heads;
     head_dim = j.contains("head_dim") ? get_int("head_dim") : hidden / heads;
   }
+  // FP8 checkpoints (DeepSeek-V3 style: quantization_config.quant_method
+  // "fp8" with weight_block_size [128, 128]) quantize the activations the
+  // hidden norms feed into per-token groups of the block's width, with
+  // column-major scales (the layout DeepGEMM-style GEMMs read); without a
+  // block size, per token.
+  std::int64_t fp8_group = -1;  // -1: no FP8; 0: per token
+  if (j.contains("quantization_config") && j["quantization_config"].is_object()) {
+    const auto& q = j["quantization_config"];
+    if (q.value("quant_method", std::string()) == "fp8") {
+      fp8_group = 0;
+      if (q.contains("weight_block_size") && q["weight_block_size"].is_array() && q["weight_block_size"].size() == 2 &&
+          q["weight_block_size"][1].is_number_integer())
+        fp8_group = q["weight_block_size"][1].get<std::int64_t>();
+    }
+  }
   std::vector<NamedShape> out;
   for (std::int64_t t : tokens) {
     if (t < 1) throw Error(ErrorKind::InvalidArgument, fmt::format("--tokens value {} must be >= 1", t));
@@ -179,6 +194,18 @@ std::vector<NamedShape> shapes_from_model_config(const std::string& path, const 
     d.M = t;
     d.N = hidden;
     out.push_back({fmt::format("hidden[{}]", t), d});
+    if (fp8_group >= 0) {
+      NormDesc q = d;
+      q.y_dtype = DType::E4M3;
+      q.y_hp_dtype = q.grad_dtype = d.x_dtype;
+      q.quant = fp8_group > 0 ? QuantScaling::Group : QuantScaling::Token;
+      if (fp8_group > 0) {
+        q.quant_group = static_cast<int>(fp8_group);
+        q.scale_col_major = true;
+      }
+      q.store_rstd = false;  // inference: nothing for a backward
+      out.push_back({fmt::format("hidden_fp8[{}]", t), q});
+    }
     if (qk) {
       d.N = head_dim;
       d.M = t * heads;

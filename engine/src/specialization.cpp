@@ -150,8 +150,10 @@ std::string KernelSpec::source() const {
                    v.store_res, v.round_res, v.dres);
   // Hexadecimal: the offset compiles in exactly.
   s += fmt::format("  static constexpr float W_OFFSET = {:a}f;\n", static_cast<double>(v.w_offset));
-  s += fmt::format("  static constexpr int XGROUP = {};\n", v.xgroup);
-  if (kind == KernelKind::Forward) {
+  // FP8 constants only where a variant has them (the templates read 0
+  // otherwise), so the other variants' sources are what they were before FP8.
+  if (v.xgroup) s += fmt::format("  static constexpr int XGROUP = {};\n", v.xgroup);
+  if (quant) {
     s += fmt::format("  using yhp_t = {};\n  static constexpr int QUANT = {}, QGROUP = {};\n", device_type(v.yhp),
                      static_cast<int>(v.quant), v.qgroup);
     s += fmt::format("  static constexpr bool UE8M0 = {}, COLMAJOR = {}, STORE_YHP = {}, STORE_YT = {};\n", v.ue8m0,
