@@ -50,7 +50,7 @@ def _expect_invalid(status, part):
 
 
 def test_versions():
-    assert normjit.api_version() == _capi.API_VERSION == 1
+    assert normjit.api_version() == _capi.API_VERSION == 2
     assert normjit.engine_version() == normjit.__version__ == _pyproject_version()
     assert Path(normjit.library_path()).name.startswith("libnormjit_c")
 

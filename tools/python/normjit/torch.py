@@ -285,18 +285,23 @@ def _backward(ctx, dy, dh):
             dres, _, drs, _ = _rows(dh, k, N, heads=1)
             d.has_dresidual = 1
             d.dresidual_stride = drs
-    lib = _capi.load()
-    handle = _engine_handle()
-    with torch.cuda.device(xin.device):
+    _run_backward(d, dy_in, xin, None, w, mean, rstd, dres, dx, dweight, dbias)
+    return dx, dweight, dbias
+
+
+def _run_backward(d, dy, x, x_scale, w, mean, rstd, dres, dx, dweight, dbias):
+    """normjit_backward on x's device and stream, with a workspace of the size it asks for."""
+    lib, handle = _capi.load(), _engine_handle()
+    with torch.cuda.device(x.device):
         nbytes = ctypes.c_size_t(0)
         _capi.check(lib.normjit_backward_workspace_size(handle, ctypes.byref(d), ctypes.byref(nbytes)))
-        ws = torch.empty(nbytes.value, dtype=torch.uint8, device=xin.device) if nbytes.value else None
+        ws = torch.empty(nbytes.value, dtype=torch.uint8, device=x.device) if nbytes.value else None
         t = _capi.new_backward_tensors()
-        t.dy, t.x, t.weight, t.mean, t.rstd = _ptr(dy_in), _ptr(xin), _ptr(w), _ptr(mean), _ptr(rstd)
+        t.dy, t.x, t.x_scale = _ptr(dy), _ptr(x), _ptr(x_scale)
+        t.weight, t.mean, t.rstd = _ptr(w), _ptr(mean), _ptr(rstd)
         t.dresidual, t.dx, t.dweight, t.dbias = _ptr(dres), _ptr(dx), _ptr(dweight), _ptr(dbias)
         t.workspace, t.workspace_bytes = _ptr(ws), nbytes.value
-        _capi.check(lib.normjit_backward(handle, ctypes.byref(d), ctypes.byref(t), _stream(xin.device)))
-    return dx, dweight, dbias
+        _capi.check(lib.normjit_backward(handle, ctypes.byref(d), ctypes.byref(t), _stream(x.device)))
 
 
 def _param_grads(ctx, dweight, dbias, i_weight, i_bias):
@@ -687,16 +692,7 @@ class FP8InputNormFunction(torch.autograd.Function):
         dx = torch.empty(x_q.shape, dtype=ctx.out_dtype, device=x_q.device)
         dweight = torch.empty_like(w) if w is not None else None
         dbias = torch.empty_like(b) if b is not None else None
-        lib, handle = _capi.load(), _engine_handle()
-        with torch.cuda.device(x_q.device):
-            nbytes = ctypes.c_size_t(0)
-            _capi.check(lib.normjit_backward_workspace_size(handle, ctypes.byref(d), ctypes.byref(nbytes)))
-            ws = torch.empty(nbytes.value, dtype=torch.uint8, device=x_q.device) if nbytes.value else None
-            t = _capi.new_backward_tensors()
-            t.dy, t.x, t.weight, t.mean, t.rstd = _ptr(dy), _ptr(x_q), _ptr(w), _ptr(mean), _ptr(rstd)
-            t.x_scale, t.dx, t.dweight, t.dbias = _ptr(x_scale), _ptr(dx), _ptr(dweight), _ptr(dbias)
-            t.workspace, t.workspace_bytes = _ptr(ws), nbytes.value
-            _capi.check(lib.normjit_backward(handle, ctypes.byref(d), ctypes.byref(t), _stream(x_q.device)))
+        _run_backward(d, dy, x_q, x_scale, w, mean, rstd, None, dx, dweight, dbias)
         gw = dweight.to(ctx.weight_dtype) if dweight is not None and ctx.needs_input_grad[5] else None
         gb = dbias.to(ctx.bias_dtype) if dbias is not None and ctx.needs_input_grad[6] else None
         return (dx if ctx.needs_input_grad[0] else None), None, None, None, None, gw, gb, None, None, None, None
