@@ -17,6 +17,7 @@
 #include "config_grid.hpp"
 #include "driver.hpp"
 #include "normjit/version.hpp"
+#include "shapes.hpp"
 #include "test_util.hpp"
 
 using namespace normjit;
@@ -155,6 +156,27 @@ TEST_CASE("cli: compile fills the kernel cache; cache list counts it; cache clea
   CHECK(number_after(cleared.output, "removed ") == variants);
   CHECK(count_cubins(kernels) == 0);
   CHECK(number_after(cli("cache list").output, "compiled kernels: ") == 0);
+}
+
+TEST_CASE("cli: FP8 shapes compile and explain without a GPU; bad FP8 specs exit 2") {
+  Cli cli;
+  const char* spec = "rms:bf16:4096x7168:quant=e4m3/group128:colmajor";
+  const long variants =
+      static_cast<long>(candidate_grid(Op::Forward, parse_shape_spec(spec).desc).size());
+  REQUIRE(variants > 0);
+  auto r = cli(fmt::format("compile --arch sm_89 --shape {} --op fwd", spec));
+  CAPTURE(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.output, fmt::format("{} variants for sm_89", variants)));
+  // No FP8 entry ships: the heuristic config, under the FP8 variant's key.
+  r = cli(fmt::format("explain --device nvidia-h200.cc90.132sm.60mib --op fwd --shape {}", spec));
+  CAPTURE(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.output, ":q=group128:colmajor"));
+  CHECK(contains(r.output, "source:  heuristic"));
+  r = cli("compile --arch sm_90 --shape rms:bf16:64x1000:quant=e4m3/group128");
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "quant_group = 128 does not divide N = 1000"));
 }
 
 TEST_CASE("cli: cache show rejects a damaged tuned-cache file without crashing") {
