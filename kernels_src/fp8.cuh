@@ -97,6 +97,33 @@ NJ_FP8_FN float fp8_to_fp32(unsigned char q, const Fp8Format& F) {
   return fp8_bits_float(sign | ((exp + 127 - F.bias) << 23) | (man << (23 - F.man_bits)));
 }
 
+// Scale rules of quantized outputs (normjit.hpp, QuantScaling), here so the
+// host tests check the kernels' own arithmetic against the float64 reference.
+// A dequantization scale from amax: amax / fmax, at least 2^-126 (kMinScale)
+// so that an all-zero group has a finite 1 / scale (and q = 0).
+NJ_FP8_FN float fp8_scale_of(float amax, float fmax) {
+  const float s = amax / fmax;
+  return s > 0x1p-126f ? s : 0x1p-126f;  // NaN-free: amax never holds NaN
+}
+// s (a positive normal) rounded up to a power of two (UE8M0 scales): y / scale stays in range.
+NJ_FP8_FN float fp8_pow2_ceil(float s) {
+  unsigned b = fp8_float_bits(s);
+  if (b & 0x7fffffu) b = (b & 0xff800000u) + 0x800000u;
+  return fp8_bits_float(b);
+}
+// OCP MX v1.0 shared exponent of a block: floor(log2(amax)) - emax (8 for
+// E4M3, 15 for E5M2), clamped to E8M0's range [-127, 127]; all-zero and
+// subnormal blocks get -127.
+NJ_FP8_FN int fp8_mx_exponent(float amax, int emax) {
+  const int e = amax >= 0x1p-126f ? static_cast<int>(fp8_float_bits(amax) >> 23) - 127 : -127;
+  const int d = e - emax;
+  return d < -127 ? -127 : d > 127 ? 127 : d;
+}
+// 2^e for e in [-127, 127] (2^-127 is an fp32 subnormal).
+NJ_FP8_FN float fp8_exp2i(int e) {
+  return e >= -126 ? fp8_bits_float(static_cast<unsigned>(e + 127) << 23) : 0x1p-127f;
+}
+
 }  // namespace nj
 
 #if defined(__CUDACC__)

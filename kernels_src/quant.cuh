@@ -57,27 +57,15 @@ struct QuantOps {
     }
   }
 
-  // A dequantization scale from amax: amax / fmax, at least 2^-126
-  // (kMinScale) so that an all-zero group has a finite 1 / scale (and q = 0).
+  // The scale rules (fp8.cuh, shared with the host tests).
   template <class Q> static __device__ __forceinline__ float scale_of(float amax) {
-    return fmaxf(amax / Fp8Limits<Q>::MAX, 0x1p-126f);
+    return fp8_scale_of(amax, Fp8Limits<Q>::MAX);
   }
-  // s rounded up to a power of two (UE8M0 scales): y / scale stays in range.
-  static __device__ __forceinline__ float pow2_ceil(float s) {
-    unsigned b = __float_as_uint(s);
-    if (b & 0x7fffffu) b = (b & 0xff800000u) + 0x800000u;
-    return __uint_as_float(b);
-  }
-  // OCP MX v1.0 shared exponent of a block: floor(log2(amax)) - emax,
-  // clamped to E8M0's range [-127, 127] (all-zero and subnormal blocks: -127).
+  static __device__ __forceinline__ float pow2_ceil(float s) { return fp8_pow2_ceil(s); }
   template <class Q> static __device__ __forceinline__ int mx_exponent(float amax) {
-    const int e = amax >= 0x1p-126f ? static_cast<int>(__float_as_uint(amax) >> 23) - 127 : -127;
-    return max(-127, min(127, e - Fp8Limits<Q>::EMAX));
+    return fp8_mx_exponent(amax, Fp8Limits<Q>::EMAX);
   }
-  // 2^e for e in [-127, 127] (2^-127 is an fp32 subnormal).
-  static __device__ __forceinline__ float exp2i(int e) {
-    return e >= -126 ? __uint_as_float(static_cast<unsigned>(e + 127) << 23) : 0x1p-127f;
-  }
+  static __device__ __forceinline__ float exp2i(int e) { return fp8_exp2i(e); }
 
   // VEC floats times `inv` to FP8 codes, two per conversion.
   template <class Q, int VEC> static __device__ __forceinline__ Vec<Q, VEC> quantize(const float (&v)[VEC], float inv) {

@@ -4,6 +4,7 @@
 // keeps NaN; the header compiles with NVRTC for sm_80 and sm_90.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -120,5 +121,38 @@ extern "C" __global__ void fp8_roundtrip(const float* x, unsigned char* q, float
     const auto k = normjit::detail::compile_cubin(src, "fp8.cu", normjit::detail::kernel_sources(),
                                                   normjit::detail::nvrtc_options(), "fp8_roundtrip", arch);
     CHECK(!k.cubin.empty());
+  }
+}
+
+TEST_CASE("fp8: the kernels' scale rules equal the float64 reference's formulas") {
+  // The float64 reference (quantize_reference) computes scales from its
+  // own formulas; the kernels use fp8.cuh's. They must agree on every amax,
+  // the edges included: zero, fp32 subnormals, exact powers of two, huge.
+  std::vector<float> amax = {0.f, 0x1p-149f, 0x1p-130f, 0x1p-126f, 1.f, 448.f, 57344.f, 3.5f, 0x1.fffffep127f,
+                             0x1p100f, 1e-30f, 7.f * 0x1p-120f};
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> exponent(-140, 127);
+  for (int i = 0; i < 20000; ++i) amax.push_back(static_cast<float>(std::exp2(exponent(rng))));
+  for (const auto& [fmax, emax] : {std::pair{448.0, 8}, std::pair{57344.0, 15}}) {
+    for (float a : amax) {
+      CAPTURE(a);
+      const float s = nj::fp8_scale_of(a, static_cast<float>(fmax));
+      const double ref = std::fmax(static_cast<double>(a) / fmax, 0x1p-126);
+      CHECK(std::fabs(s - ref) <= 0x1p-24 * ref);
+      CHECK(s >= 0x1p-126f);
+      // UE8M0: the smallest power of two >= the scale.
+      const float p = nj::fp8_pow2_ceil(s);
+      CHECK(static_cast<double>(p) == std::ldexp(1.0, static_cast<int>(std::ceil(std::log2(static_cast<double>(s))))));
+      // MX: floor(log2(amax)) - emax, clamped; -127 for blocks below the normal range.
+      const int e = nj::fp8_mx_exponent(a, emax);
+      const int want = a >= 0x1p-126f ? std::clamp(static_cast<int>(std::floor(std::log2(static_cast<double>(a)))) - emax, -127, 127) : -127;
+      CHECK(e == want);
+      // a / 2^e never passes 2 * fmax's exponent: saturation, not overflow, handles the rest.
+      if (a > 0) CHECK(static_cast<double>(a) / std::ldexp(1.0, e) < 2 * std::ldexp(1.0, emax + 1));
+    }
+  }
+  for (int e = -127; e <= 127; ++e) {
+    CAPTURE(e);
+    CHECK(static_cast<double>(nj::fp8_exp2i(e)) == std::ldexp(1.0, e));
   }
 }
