@@ -122,28 +122,6 @@ template <class S> struct FwdRow {
 #pragma unroll
     for (int k = 0; k < S::VEC; ++k) v[k] = y_at(h, k, shift, m, rstd, wv, bv);
   }
-
-  // Stores one chunk of a quantized y, the values `v` times `inv` = 1 /
-  // scale (and y_hp, the transpose).
-  __device__ __forceinline__ void store_q(int col, bool exact, const float (&v)[S::VEC], float inv) const {
-    {
-      const Vec<typename S::y_t, S::VEC> qv = S::Q::template quantize<typename S::y_t, S::VEC>(v, inv);
-      store_chunk<S::N, S::VEC>(y, col, qv, exact);
-      if constexpr (S::STORE_YHP) {
-        Vec<typename S::yhp_t, S::VEC> hv;
-#pragma unroll
-        for (int k = 0; k < S::VEC; ++k) hv.v[k] = from_float<typename S::yhp_t>(v[k]);
-        store_chunk<S::N, S::VEC>(static_cast<typename S::yhp_t*>(yhp) + yo, col, hv, exact);
-      }
-      if constexpr (S::STORE_YT) {
-        // Column j of this row is element (j, row) of the [N, M] transpose.
-        auto* t = static_cast<typename S::y_t*>(yt) + row;
-#pragma unroll
-        for (int k = 0; k < S::VEC; ++k)
-          if (exact || col + k < S::N) t[(long long)(col + k) * M] = qv.v[k];
-      }
-    }
-  }
 };
 
 // Weight and bias chunks (left unset when the variant has none).
@@ -322,7 +300,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
           R.y_values(hv[i], shift, m, rstd, w, b, v);
           float gi = inv;
           if constexpr (GROUPED) gi = S::Q::template group_inv_scale<S>(q, v, col, row);
-          R.store_q(col, L::EXACT, v, gi);
+          S::Q::template store<S>(R, col, L::EXACT, v, gi);
         }
       }
     }
@@ -395,7 +373,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
           chunk_y(c, v);
           float gi = inv;
           if constexpr (GROUPED) gi = S::Q::template group_inv_scale<S>(q, v, c * S::VEC, row);
-          R.store_q(c * S::VEC, L::EXACT, v, gi);
+          S::Q::template store<S>(R, c * S::VEC, L::EXACT, v, gi);
         }
       }
     }

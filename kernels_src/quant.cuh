@@ -83,6 +83,30 @@ struct QuantOps {
     return q;
   }
 
+  // Stores one chunk of a quantized y at column `col` of row R (an
+  // nj::FwdRow): the values `v` times `inv` = 1 / scale as FP8 codes, and
+  // y_hp and the transpose where the variant writes them.
+  template <class S, class Row>
+  static __device__ __forceinline__ void store(const Row& R, int col, bool exact, const float (&v)[S::VEC], float inv) {
+    const Vec<typename S::y_t, S::VEC> qv = quantize<typename S::y_t, S::VEC>(v, inv);
+    store_chunk<S::N, S::VEC>(R.y, col, qv, exact);
+    if constexpr (S::STORE_YHP) {
+      Vec<typename S::yhp_t, S::VEC> hv;
+#pragma unroll
+      for (int k = 0; k < S::VEC; ++k) hv.v[k] = from_float<typename S::yhp_t>(v[k]);
+      store_chunk<S::N, S::VEC>(static_cast<typename S::yhp_t*>(R.yhp) + R.yo, col, hv, exact);
+    }
+    if constexpr (S::STORE_YT) {
+      // Column j of this row is element (j, row) of the [N, M] transpose:
+      // one byte per row of the transpose (strided; L2 merges the bytes of
+      // neighbouring rows' programs before they reach memory).
+      auto* t = static_cast<typename S::y_t*>(R.yt) + R.row;
+#pragma unroll
+      for (int k = 0; k < S::VEC; ++k)
+        if (exact || col + k < S::N) t[(long long)(col + k) * R.M] = qv.v[k];
+    }
+  }
+
   // 1 / the scale a whole row (Token) or tensor (Tensor, TensorStatic)
   // shares, from the row's amax for Token; lane 0 of a row writes it.
   template <class S>
