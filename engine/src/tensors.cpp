@@ -12,8 +12,11 @@ std::vector<TensorSpec> op_tensors(Op op, const NormDesc& d) {
   auto vec = [&](const char* name, bool out, DType t, std::int64_t n) { return TensorSpec{name, out, t, 1, 1, n, n, n}; };
   std::vector<TensorSpec> v;
   const std::int64_t H = d.heads;
-  // FP8 x scales: [M, N / x_group] fp32.
-  auto x_scale = [&] { return TensorSpec{"x_scale", false, DType::F32, d.M, 1, d.x_groups(), d.x_groups(), d.x_groups()}; };
+  // [M, cols], rows one after another: FP8 x scales ([M, N / x_group] fp32), group and MX scales.
+  auto dense = [&](const char* name, bool out, DType t, std::int64_t cols) {
+    return TensorSpec{name, out, t, d.M, 1, cols, cols, cols};
+  };
+  auto x_scale = [&] { return dense("x_scale", false, DType::F32, d.x_groups()); };
   if (op == Op::Forward) {
     v.push_back(rows("x", false, d.x_dtype, d.x_ld(), d.x_hs(), H));
     if (is_fp8(d.x_dtype)) v.push_back(x_scale());
@@ -37,11 +40,9 @@ std::vector<TensorSpec> op_tensors(Op op, const NormDesc& d) {
       case QuantScaling::Group:
         v.push_back(d.scale_col_major
                         ? TensorSpec{"y_scale", true, DType::F32, d.quant_groups(), 1, d.scale_ld(), d.scale_ld(), d.M}
-                        : TensorSpec{"y_scale", true, DType::F32, d.M, 1, d.quant_groups(), d.quant_groups(), d.quant_groups()});
+                        : dense("y_scale", true, DType::F32, d.quant_groups()));
         break;
-      case QuantScaling::MX:
-        v.push_back(TensorSpec{"y_scale", true, DType::E8M0, d.M, 1, d.quant_groups(), d.quant_groups(), d.quant_groups()});
-        break;
+      case QuantScaling::MX: v.push_back(dense("y_scale", true, DType::E8M0, d.quant_groups())); break;
     }
     if (d.quant != QuantScaling::None && d.store_y_hp) v.push_back(rows("y_hp", true, d.y_hp_dtype, d.y_ld(), d.y_hs(), H));
     if (d.store_y_t) v.push_back(TensorSpec{"y_t", true, d.y_dtype, d.N, 1, d.M, d.M, d.M});
