@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -14,6 +15,7 @@
 #include "kernel_sources.hpp"
 #include "nvrtc.hpp"
 #include "ops.hpp"
+#include "plan.hpp"
 #include "shapes.hpp"
 #include "specialization.hpp"
 #include "tuned_cache.hpp"
@@ -81,7 +83,12 @@ struct Engine::Impl {
     DeviceInfo info;
     std::unique_ptr<TunedCache> tuned;
     std::map<std::string, LaunchConfig> resolved;  // shape key -> config, this engine
+    std::unordered_map<PlanKey, std::shared_ptr<const Plan>, PlanKeyHash> plans;  // see plan.hpp
   };
+  // Plans of one device: every (descriptor, alignment) a process calls, up to
+  // this many; then they are dropped and rebuilt (a serving engine sees at
+  // most a few thousand token counts).
+  static constexpr std::size_t kMaxPlans = 8192;
   std::mutex mu;
   std::map<CUdevice, std::unique_ptr<DeviceState>> devices;
 
@@ -126,14 +133,31 @@ struct Engine::Impl {
     st.tuned->store(r.shape_key, TunedEntry{shape_spec(d), tuned_kernel_hash(op, d, r.winner), r.winner, r.winner_us,
                                             utc_now(), r.candidates});
     st.resolved[r.shape_key] = r.winner;
+    st.plans.clear();  // they hold the configs resolved before
     return r;
   }
+
+  std::shared_ptr<const Plan> find_plan(const PlanKey& k) {
+    std::lock_guard<std::mutex> lk(mu);
+    auto& plans = state().plans;
+    auto it = plans.find(k);
+    return it == plans.end() ? nullptr : it->second;
+  }
+  void store_plan(const PlanKey& k, std::shared_ptr<const Plan> p) {
+    std::lock_guard<std::mutex> lk(mu);
+    auto& plans = state().plans;
+    if (plans.size() >= kMaxPlans) plans.clear();
+    plans.emplace(k, std::move(p));
+  }
+  std::shared_ptr<const Plan> forward_plan(const NormDesc& d, const ForwardTensors& u);
+  std::shared_ptr<const Plan> backward_plan(const NormDesc& d, const BackwardTensors* u);
 
   /// What a call needs to launch: the resolved config and the device's facts.
   struct Launch {
     LaunchConfig cfg;
     std::string arch;
     int sm_count = 0;
+    ConfigSource source = ConfigSource::Heuristic;
   };
   Launch prepare(Op op, const NormDesc& d);
   /// Rethrows `e` (being handled) with op, shape and config attached.
@@ -198,7 +222,11 @@ TuneResult Engine::tune(Op op, const NormDesc& d) {
 Engine::Impl::Launch Engine::Impl::prepare(Op op, const NormDesc& d) {
   std::lock_guard<std::mutex> lk(mu);
   auto& st = state();
-  return {resolve(st, op, d, nullptr), st.info.arch(), st.info.sm_count};
+  Launch l;
+  l.cfg = resolve(st, op, d, &l.source);
+  l.arch = st.info.arch();
+  l.sm_count = st.info.sm_count;
+  return l;
 }
 
 void Engine::Impl::attach_context(const Error& e, Op op, const NormDesc& d, const LaunchConfig& cfg) {
@@ -206,10 +234,38 @@ void Engine::Impl::attach_context(const Error& e, Op op, const NormDesc& d, cons
   throw Error(e.kind(), e.message(), op_label(op, d.norm), d.str(), cfg.str(), e.where());
 }
 
-void Engine::forward(const NormDesc& d, const ForwardTensors& t, CUstream stream) {
+namespace {
+// Pointers a descriptor does not use are dropped: the kernel never sees them.
+ForwardTensors used_tensors(const NormDesc& d, const ForwardTensors& t) {
+  const bool ln = d.norm == NormKind::LayerNorm, quant = d.quant != QuantScaling::None;
+  ForwardTensors u = t;
+  if (!is_fp8(d.x_dtype)) u.x_scale = nullptr;
+  if (!quant) u.y_scale = nullptr;
+  if (d.quant != QuantScaling::Tensor) u.amax = nullptr;
+  if (!quant || !d.store_y_hp) u.y_hp = nullptr;
+  if (!d.store_y_t) u.y_t = nullptr;
+  if (!d.has_weight) u.weight = nullptr;
+  if (!d.has_bias) u.bias = nullptr;
+  if (!d.residual) u.residual = nullptr;
+  if (!d.store_residual_out) u.residual_out = nullptr;
+  if (!d.store_rstd) u.rstd = nullptr;
+  if (!ln || !d.store_mean) u.mean = nullptr;
+  return u;
+}
+
+BackwardTensors used_tensors(const NormDesc& d, const BackwardTensors& t) {
+  const bool ln = d.norm == NormKind::LayerNorm;
+  BackwardTensors u = t;
+  if (!ln) u.mean = nullptr;
+  if (!d.has_weight) u.weight = u.dweight = nullptr;
+  if (!ln || !d.has_bias) u.dbias = nullptr;
+  if (!d.has_dresidual) u.dresidual = nullptr;
+  if (!is_fp8(d.normed_dtype())) u.x_scale = nullptr;
+  return u;
+}
+
+void require_forward(const NormDesc& d, const ForwardTensors& t) {
   constexpr Op op = Op::Forward;
-  d.validate();
-  if (d.M == 0) return;
   const bool ln = d.norm == NormKind::LayerNorm;
   require(t.x, "x", "always", op, d);
   require(t.y, "y", "always", op, d);
@@ -225,47 +281,10 @@ void Engine::forward(const NormDesc& d, const ForwardTensors& t, CUstream stream
   if (d.quant == QuantScaling::Tensor) require(t.amax, "amax", "quant = tensor", op, d);
   if (quant && d.store_y_hp) require(t.y_hp, "y_hp", "store_y_hp", op, d);
   if (d.store_y_t) require(t.y_t, "y_t", "store_y_t", op, d);
-  // Unused pointers are dropped: the kernel never sees them.
-  ForwardTensors u = t;
-  if (!is_fp8(d.x_dtype)) u.x_scale = nullptr;
-  if (!quant) u.y_scale = nullptr;
-  if (d.quant != QuantScaling::Tensor) u.amax = nullptr;
-  if (!quant || !d.store_y_hp) u.y_hp = nullptr;
-  if (!d.store_y_t) u.y_t = nullptr;
-  if (!d.has_weight) u.weight = nullptr;
-  if (!d.has_bias) u.bias = nullptr;
-  if (!d.residual) u.residual = nullptr;
-  if (!d.store_residual_out) u.residual_out = nullptr;
-  if (!d.store_rstd) u.rstd = nullptr;
-  if (!ln || !d.store_mean) u.mean = nullptr;
-  Impl::Launch l;
-  try {
-    l = impl_->prepare(op, d);
-    l.cfg = fit_alignment(l.cfg, op, d,
-                          {{u.x, d.x_dtype}, {u.y, d.y_dtype}, {u.weight, d.weight_dtype}, {u.bias, d.weight_dtype},
-                           {u.residual, d.residual_dtype}, {u.residual_out, d.residual_out_dtype},
-                           {u.y_hp, d.y_hp_dtype}},
-                          row_strides(op, d));
-    auto k = impl_->jit.get(make_spec(op, d, l.cfg), l.arch);
-    launch_forward(*k, d, u, l.sm_count, stream);
-  } catch (const Error& e) {
-    impl_->attach_context(e, op, d, l.cfg);
-  }
 }
 
-std::size_t Engine::backward_workspace_size(const NormDesc& d) {
-  d.validate();
-  if (d.M == 0 || make_variant(Op::Backward, d).partials() == 0) return 0;
-  // The workspace is one partial row per program of the persistent grid.
-  const Impl::Launch l = impl_->prepare(Op::Backward, d);
-  auto k = impl_->jit.get(make_spec(Op::Backward, d, l.cfg), l.arch);
-  return backward_workspace_bytes(backward_geometry(*k, d, l.cfg, l.sm_count), d);
-}
-
-void Engine::backward(const NormDesc& d, const BackwardTensors& t, CUstream stream) {
+void require_backward(const NormDesc& d, const BackwardTensors& t) {
   constexpr Op op = Op::Backward;
-  d.validate();
-  if (d.M == 0) return;
   const bool ln = d.norm == NormKind::LayerNorm;
   require(t.dy, "dy", "always", op, d);
   require(t.x, "x", d.residual ? "h = residual_out of the forward" : "always", op, d);
@@ -278,36 +297,119 @@ void Engine::backward(const NormDesc& d, const BackwardTensors& t, CUstream stre
   }
   if (ln && d.has_bias) require(t.dbias, "dbias", "has_bias", op, d);
   if (d.has_dresidual) require(t.dresidual, "dresidual", "has_dresidual", op, d);
-  const bool fp8_x = is_fp8(d.normed_dtype());
-  if (fp8_x) require(t.x_scale, "x_scale", "an FP8 x_dtype", op, d);
+  if (is_fp8(d.normed_dtype())) require(t.x_scale, "x_scale", "an FP8 x_dtype", op, d);
   if (make_variant(op, d).partials() > 0) require(t.workspace, "workspace", "dweight / dbias partial sums", op, d);
-  BackwardTensors u = t;
-  if (!ln) u.mean = nullptr;
-  if (!d.has_weight) u.weight = u.dweight = nullptr;
-  if (!ln || !d.has_bias) u.dbias = nullptr;
-  if (!d.has_dresidual) u.dresidual = nullptr;
-  if (!fp8_x) u.x_scale = nullptr;
-  const DType xt = d.normed_dtype();
-  Impl::Launch l;
+}
+}  // namespace
+
+// See plan.hpp for the path this resolves once.
+std::shared_ptr<const Plan> Engine::Impl::forward_plan(const NormDesc& d, const ForwardTensors& u) {
+  constexpr Op op = Op::Forward;
+  auto p = std::make_shared<Plan>();
+  p->op = op;
+  p->desc = d;
   try {
-    l = impl_->prepare(op, d);
-    // The grid comes from the resolved config, the kernel from the one that
-    // fits the pointers' alignment.
-    const Geometry g = backward_geometry(*impl_->jit.get(make_spec(op, d, l.cfg), l.arch), d, l.cfg, l.sm_count);
-    const std::size_t need = backward_workspace_bytes(g, d);
-    if (u.workspace_bytes < need)
-      throw Error(ErrorKind::InvalidArgument,
-                  fmt::format("workspace_bytes = {} is too small: {} needed (backward_workspace_size)",
-                              u.workspace_bytes, need));
-    l.cfg = fit_alignment(l.cfg, op, d,
-                          {{u.dy, d.dy_dtype()}, {u.x, xt}, {u.weight, d.weight_dtype}, {u.dx, d.dx_dtype()},
-                           {u.dresidual, d.residual_out_dtype}},
-                          row_strides(op, d));
-    auto k = impl_->jit.get(make_spec(op, d, l.cfg), l.arch);
-    auto fin = impl_->jit.get(finalize_spec(d), l.arch);
-    launch_backward(*k, *fin, d, u, g, stream);
+    const Launch l = prepare(op, d);
+    p->resolved = p->config = l.cfg;
+    p->source = l.source;
+    p->shape_key = shape_key(op, d);
+    p->config = fit_alignment(l.cfg, op, d,
+                              {{u.x, d.x_dtype}, {u.y, d.y_dtype}, {u.weight, d.weight_dtype}, {u.bias, d.weight_dtype},
+                               {u.residual, d.residual_dtype}, {u.residual_out, d.residual_out_dtype},
+                               {u.y_hp, d.y_hp_dtype}},
+                              row_strides(op, d));
+    p->kernel = jit.get(make_spec(op, d, p->config), l.arch);
+    p->geometry = launch_geometry(op, d, p->config, l.sm_count, p->kernel->blocks_per_sm);
+    p->resident = amax_grid(*p->kernel, p->geometry, l.sm_count);
+    p->layout = row_layout(d, false);
   } catch (const Error& e) {
-    impl_->attach_context(e, op, d, l.cfg);
+    attach_context(e, op, d, p->config);
+  }
+  return p;
+}
+
+// u = null: a sizing-only plan (backward_workspace_size: no pointers yet).
+std::shared_ptr<const Plan> Engine::Impl::backward_plan(const NormDesc& d, const BackwardTensors* u) {
+  constexpr Op op = Op::Backward;
+  auto p = std::make_shared<Plan>();
+  p->op = op;
+  p->desc = d;
+  try {
+    const Launch l = prepare(op, d);
+    p->resolved = p->config = l.cfg;
+    p->source = l.source;
+    p->shape_key = shape_key(op, d);
+    // The grid (and so the workspace) comes from the resolved config, the
+    // kernel from the one that fits the pointers' alignment.
+    p->geometry = backward_geometry(*jit.get(make_spec(op, d, l.cfg), l.arch), d, l.cfg, l.sm_count);
+    p->workspace_bytes = make_variant(op, d).partials() ? backward_workspace_bytes(p->geometry, d) : 0;
+    if (!u) return p;
+    const DType xt = d.normed_dtype();
+    p->config = fit_alignment(l.cfg, op, d,
+                              {{u->dy, d.dy_dtype()}, {u->x, xt}, {u->weight, d.weight_dtype}, {u->dx, d.dx_dtype()},
+                               {u->dresidual, d.residual_out_dtype}},
+                              row_strides(op, d));
+    p->kernel = jit.get(make_spec(op, d, p->config), l.arch);
+    p->finalize = jit.get(finalize_spec(d), l.arch);
+    p->layout = row_layout(d, true);
+  } catch (const Error& e) {
+    attach_context(e, op, d, p->config);
+  }
+  return p;
+}
+
+void Engine::forward(const NormDesc& d, const ForwardTensors& t, CUstream stream) {
+  // A key seen before names a descriptor that validated and pointers that
+  // met its requirements: straight to the launch.
+  const PlanKey key = plan_key(d, t);
+  std::shared_ptr<const Plan> p = impl_->find_plan(key);
+  if (!p) {
+    d.validate();
+    if (d.M == 0) return;
+    require_forward(d, t);
+    p = impl_->forward_plan(d, used_tensors(d, t));
+    impl_->store_plan(key, p);
+  }
+  try {
+    p->forward(used_tensors(d, t), stream);
+  } catch (const Error& e) {
+    impl_->attach_context(e, Op::Forward, d, p->config);
+  }
+}
+
+std::size_t Engine::backward_workspace_size(const NormDesc& d) {
+  const PlanKey key = plan_key(Op::Backward, d, kSizingOnly);
+  std::shared_ptr<const Plan> p = impl_->find_plan(key);
+  if (!p) {
+    d.validate();
+    if (d.M == 0 || make_variant(Op::Backward, d).partials() == 0) return 0;
+    p = impl_->backward_plan(d, nullptr);
+    impl_->store_plan(key, p);
+  }
+  return p->workspace_bytes;
+}
+
+void Engine::backward(const NormDesc& d, const BackwardTensors& t, CUstream stream) {
+  constexpr Op op = Op::Backward;
+  const PlanKey key = plan_key(d, t);
+  std::shared_ptr<const Plan> p = impl_->find_plan(key);
+  if (!p) {
+    d.validate();
+    if (d.M == 0) return;
+    require_backward(d, t);
+    const BackwardTensors u = used_tensors(d, t);
+    p = impl_->backward_plan(d, &u);
+    impl_->store_plan(key, p);
+  }
+  if (t.workspace_bytes < p->workspace_bytes)
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("workspace_bytes = {} is too small: {} needed (backward_workspace_size)", t.workspace_bytes,
+                            p->workspace_bytes),
+                op_label(op, d.norm), d.str(), p->config.str());
+  try {
+    p->backward(used_tensors(d, t), stream);
+  } catch (const Error& e) {
+    impl_->attach_context(e, op, d, p->config);
   }
 }
 

@@ -10,9 +10,7 @@
 
 namespace normjit::detail {
 
-namespace {
-// Strides of every row tensor, as the kernels index them.
-nj::NormArgs layout(const NormDesc& d, bool backward) {
+nj::NormArgs row_layout(const NormDesc& d, bool backward) {
   nj::NormArgs a{};
   a.M = d.M;
   a.heads = d.heads;
@@ -32,11 +30,19 @@ nj::NormArgs layout(const NormDesc& d, bool backward) {
   a.eps = d.eps;
   return a;
 }
-}  // namespace
 
 void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardTensors& t, int sm_count, CUstream s) {
   const Geometry g = launch_geometry(Op::Forward, d, k.spec().cfg, sm_count, k.blocks_per_sm);
-  nj::NormArgs a = layout(d, false);
+  launch_forward(k, d, row_layout(d, false), t, g, amax_grid(k, g, sm_count), s);
+}
+
+unsigned amax_grid(const LoadedKernel& k, const Geometry& g, int sm_count) {
+  return std::min(g.grid, static_cast<unsigned>(std::max(1, sm_count * k.blocks_per_sm)));
+}
+
+void launch_forward(const LoadedKernel& k, const NormDesc& d, const nj::NormArgs& layout, const ForwardTensors& t,
+                    const Geometry& g, unsigned resident, CUstream s) {
+  nj::NormArgs a = layout;
   a.x = t.x;
   a.residual = t.residual;
   a.w = t.weight;
@@ -59,8 +65,7 @@ void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardTenso
     // amax (a resident-sized grid striding over them, so few programs meet
     // in its one atomic), the second recomputes y and quantizes with it.
     NJ_CU(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(t.amax), 0, 1, s));
-    const unsigned resident = static_cast<unsigned>(std::max(1, sm_count * k.blocks_per_sm));
-    k.launch(std::min(g.grid, resident), g.block, s, args);
+    k.launch(resident, g.block, s, args);
     q.phase = 1;
   }
   k.launch(g.grid, g.block, s, args);
@@ -79,7 +84,12 @@ std::size_t backward_workspace_bytes(const Geometry& g, const NormDesc& d) {
 
 void launch_backward(const LoadedKernel& k, const LoadedKernel& fin, const NormDesc& d, const BackwardTensors& t,
                      const Geometry& g, CUstream s) {
-  nj::NormArgs a = layout(d, true);
+  launch_backward(k, &fin, d, row_layout(d, true), t, g, s);
+}
+
+void launch_backward(const LoadedKernel& k, const LoadedKernel* fin, const NormDesc& d, const nj::NormArgs& layout,
+                     const BackwardTensors& t, const Geometry& g, CUstream s) {
+  nj::NormArgs a = layout;
   a.dy = t.dy;
   a.x = t.x;
   a.w = t.weight;
@@ -101,7 +111,7 @@ void launch_backward(const LoadedKernel& k, const LoadedKernel& fin, const NormD
   CUdeviceptr out1 = reinterpret_cast<CUdeviceptr>(t.dbias);
   int programs = static_cast<int>(g.programs), n = static_cast<int>(d.N);
   void* fargs[] = {&part, &out0, &out1, &programs, &n};
-  fin.launch(static_cast<unsigned>((d.N + 31) / 32), 1024, s, fargs, static_cast<unsigned>(v.partials()));
+  fin->launch(static_cast<unsigned>((d.N + 31) / 32), 1024, s, fargs, static_cast<unsigned>(v.partials()));
 }
 
 }  // namespace normjit::detail

@@ -8,12 +8,24 @@
 
 #include "config_grid.hpp"
 #include "jit.hpp"
+#include "norm_args.cuh"
 #include "normjit/normjit.hpp"
 
 namespace normjit::detail {
 
+/// Strides of every row tensor as the kernels index them, M and eps; the
+/// pointers are left null. Backward: x is h with a fused residual.
+nj::NormArgs row_layout(const NormDesc& d, bool backward);
+
 /// The forward on `k` (compiled for `d`) with the tensors of `t`.
 void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardTensors& t, int sm_count, CUstream s);
+/// The same with geometry and layout already derived (a Plan's launch);
+/// `resident` is amax_grid's: per-tensor current scaling's first pass.
+void launch_forward(const LoadedKernel& k, const NormDesc& d, const nj::NormArgs& layout, const ForwardTensors& t,
+                    const Geometry& g, unsigned resident, CUstream s);
+/// Grid of the amax pass of per-tensor current scaling: resident-sized, so
+/// few programs meet in its one atomic.
+unsigned amax_grid(const LoadedKernel& k, const Geometry& g, int sm_count);
 
 /// The persistent grid of the backward under `cfg`, whose kernel (compiled
 /// with cfg's vec) is `k`. It is fixed by the config, not by the kernel that
@@ -28,5 +40,8 @@ std::size_t backward_workspace_bytes(const Geometry& g, const NormDesc& d);
 /// the finalize kernel `fin` once per partial (dweight, dbias).
 void launch_backward(const LoadedKernel& k, const LoadedKernel& fin, const NormDesc& d, const BackwardTensors& t,
                      const Geometry& g, CUstream s);
+/// The same with the layout derived; `fin` may be null when g has one program.
+void launch_backward(const LoadedKernel& k, const LoadedKernel* fin, const NormDesc& d, const nj::NormArgs& layout,
+                     const BackwardTensors& t, const Geometry& g, CUstream s);
 
 }  // namespace normjit::detail

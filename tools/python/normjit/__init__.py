@@ -13,9 +13,14 @@ NORMJIT_SHIPPED_CACHE_PATH) and created anew when set_cache_dir() or
 set_tune_policy() change a setting.
 
 The library is looked for in this order: $NORMJIT_LIBRARY; libnormjit_c.so
-inside this package's folder; <repository>/build/libnormjit_c.so when the
-package is used from a checkout (PYTHONPATH=tools/python);
-ctypes.util.find_library("normjit_c").
+inside this package's folder (installed from the wheel: `pip install .` at the
+repository root); <repository>/build/libnormjit_c.so when the package is used
+from a checkout (PYTHONPATH=tools/python); ctypes.util.find_library("normjit_c").
+
+Shipped tuned caches: the wheel bundles autotune_cache/ inside this package's
+folder (bundled_cache_dir()); the engine searches it after the directories of
+$NORMJIT_SHIPPED_CACHE_PATH, where it searches the library's built-in shipped
+caches, unless NORMJIT_BUILTIN_CACHES=0.
 """
 
 import ctypes
@@ -31,6 +36,7 @@ __all__ = [
     "NormjitError",
     "__version__",
     "api_version",
+    "bundled_cache_dir",
     "cache_dir",
     "engine_version",
     "library_path",
@@ -45,6 +51,9 @@ _engine = None
 # Engines replaced by a settings change. Kernels they launched may still be
 # running on some stream, so they are kept alive rather than destroyed.
 _retired = []
+# Called (no arguments) after a settings change drops the engine: holders of
+# its handle (normjit.torch's C++ operators) take the new one.
+_engine_listeners = []
 
 
 def library_path():
@@ -65,6 +74,30 @@ def engine_version():
     return _capi.load().normjit_version_string().decode()
 
 
+def bundled_cache_dir():
+    """The shipped caches bundled in this package's folder (str): tuned
+    configs per GPU (<device>.json), models/ and grid/; None when there are
+    none (the package used from a checkout or installed without the library).
+    """
+    d = os.path.join(os.path.dirname(os.path.abspath(__file__)), "autotune_cache")
+    return d if os.path.isdir(d) else None
+
+
+def _shipped_cache_path():
+    """The shipped_cache_path given to normjit_engine_create (str), or None to
+    leave it NULL (the engine then reads $NORMJIT_SHIPPED_CACHE_PATH itself).
+
+    The C option replaces the environment variable, so its directories come
+    first, then bundled_cache_dir(): searched after them, as the library's
+    built-in shipped caches are, and left out with NORMJIT_BUILTIN_CACHES=0.
+    """
+    bundled = bundled_cache_dir()
+    if bundled is None or os.environ.get("NORMJIT_BUILTIN_CACHES") == "0":
+        return None
+    dirs = [d for d in os.environ.get("NORMJIT_SHIPPED_CACHE_PATH", "").split(":") if d]
+    return ":".join(dirs + [bundled])
+
+
 def _engine_handle():
     """The process-wide engine (a C handle as int), created at first use."""
     global _engine
@@ -81,6 +114,10 @@ def _engine_handle():
             keep = cache.encode() if cache is not None else None  # alive during the call
             if keep is not None:
                 opts.cache_dir = keep
+            shipped = _shipped_cache_path()
+            keep_shipped = shipped.encode() if shipped is not None else None
+            if keep_shipped is not None:
+                opts.shipped_cache_path = keep_shipped
             handle = ctypes.c_void_p()
             _capi.check(lib.normjit_engine_create(ctypes.byref(opts), ctypes.byref(handle)))
             _engine = handle.value
@@ -96,6 +133,8 @@ def _reconfigure(key, value):
         if _engine is not None:
             _retired.append(_engine)
             _engine = None
+    for listener in _engine_listeners:
+        listener()
 
 
 def set_cache_dir(path):

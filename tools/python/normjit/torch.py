@@ -25,12 +25,14 @@ residual) to tokens x heads, e.g. a per-head QK-norm on
 import ctypes
 import math
 import numbers
+import re
 
 import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from . import _capi, _engine_handle
+from . import _capi, _engine_handle, _engine_listeners, _ops
+from ._capi import NormjitError
 
 __all__ = [
     "FP8InputNormFunction",
@@ -168,9 +170,10 @@ def _ptr(t):
 # ---- the engine calls -------------------------------------------------------
 
 
-def _forward(ctx, norm, x, residual, normalized_shape, weight, bias, eps, weight_offset, cast_mode,
-             residual_rounding):
-    """Runs the forward; fills ctx for _backward. Returns (y, h or None)."""
+def _validate_forward(norm, x, residual, normalized_shape, weight, bias, eps, weight_offset, cast_mode,
+                      residual_rounding):
+    """The Python-side checks of a forward call (TypeError / ValueError naming
+    the argument). Returns (shape, N, eps, weight_offset, cast, rounding)."""
     _check_tensor("x", x)
     shape, N = _normalized(x, normalized_shape)
     _check_param("weight", weight, shape, x.device)
@@ -188,6 +191,14 @@ def _forward(ctx, norm, x, residual, normalized_shape, weight, bias, eps, weight
                          "without one w' = 1")
     cast = _option("cast_mode", cast_mode, _CAST_MODES)
     rounding = _option("residual_rounding", residual_rounding, _RESIDUAL_ROUNDING)
+    return shape, N, eps, weight_offset, cast, rounding
+
+
+def _forward(ctx, norm, x, residual, normalized_shape, weight, bias, eps, weight_offset, cast_mode,
+             residual_rounding):
+    """Runs the forward; fills ctx for _backward. Returns (y, h or None)."""
+    shape, N, eps, weight_offset, cast, rounding = _validate_forward(
+        norm, x, residual, normalized_shape, weight, bias, eps, weight_offset, cast_mode, residual_rounding)
 
     k = len(shape)
     M = x.numel() // N if N else 0
@@ -406,6 +417,66 @@ class AddLayerNormFunction(torch.autograd.Function):
         return gx, gr, None, gw, gb, None, None, None, None
 
 
+# ---- the operator path ------------------------------------------------------
+#
+# With libnormjit_torch.so (PyTorch custom operators in C++, see _ops.py) a
+# call is one dispatcher call: no ctypes, no descriptor built in Python, and
+# torch.compile / CUDA graphs see operators with schemas. Without it, the
+# ctypes autograd functions above (with a one-line notice).
+
+_OPS = _ops.load()
+if _OPS is None:
+    import warnings
+
+    warnings.warn(f"normjit.torch: C++ operators unavailable, using the ctypes path ({_ops.reason()})", stacklevel=2)
+    _NORM_FWD = None
+else:
+    _NORM_FWD = _OPS[0]
+
+_engine_state = {"stale": True}
+
+
+def _sync_engine():
+    """Hands the package's engine to the operators (at import, and after
+    set_cache_dir / set_tune_policy replace it)."""
+    _ops.set_engine(_engine_handle())
+    _engine_state["stale"] = False
+
+
+def _engine_replaced():
+    _engine_state["stale"] = True
+
+
+if _NORM_FWD is not None:
+    _engine_listeners.append(_engine_replaced)
+    try:
+        _sync_engine()
+    except _capi.NormjitError:
+        pass  # a bad $NORMJIT_TUNE, say: the first call raises it
+
+
+def _op_forward(norm, x, residual, normalized_shape, weight, bias, eps, weight_offset, cast_mode, residual_rounding):
+    """(y, h, mean, rstd) from the norm_fwd operator; errors as the ctypes path's."""
+    if _engine_state["stale"]:
+        _sync_engine()
+    try:
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else normalized_shape
+        return _NORM_FWD(x, residual, weight, bias, norm, shape, eps, weight_offset, _CAST_MODES[cast_mode],
+                         _RESIDUAL_ROUNDING[residual_rounding])
+    except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as e:
+        # The success path pays for no checks: on failure, find the argument
+        # to name (TypeError / ValueError), else the engine's status.
+        _validate_forward(norm, x, residual, normalized_shape, weight, bias, eps, weight_offset, cast_mode,
+                          residual_rounding)
+        m = _STATUS.match(str(e))
+        if m:
+            raise NormjitError(int(m.group(1)), m.group(2).split("\nException raised from")[0]) from None
+        raise
+
+
+_STATUS = re.compile(r"normjit status (\d+): (.*)", re.S)
+
+
 # ---- functional API ---------------------------------------------------------
 
 
@@ -433,6 +504,11 @@ def rms_norm(x, normalized_shape, weight=None, eps=None, *, weight_offset=0.0, c
     Raises TypeError / ValueError for a bad argument (naming it and its
     value), normjit.NormjitError when the engine fails.
     """
+    if _NORM_FWD is not None:
+        if eps is None and isinstance(x, torch.Tensor):
+            eps = torch.finfo(x.dtype).eps
+        return _op_forward(_capi.NORM_RMS, x, None, normalized_shape, weight, None, eps, weight_offset, cast_mode,
+                           "residual")[0]
     eps = _default_eps(x, eps)
     return RMSNormFunction.apply(x, normalized_shape, weight, eps, weight_offset, cast_mode)
 
@@ -445,6 +521,9 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, weight_
     eps: added to the variance (default 1e-5).
     Returns y of x's shape and dtype; differentiable in x, weight and bias.
     """
+    if _NORM_FWD is not None:
+        return _op_forward(_capi.NORM_LAYER, x, None, normalized_shape, weight, bias, eps, weight_offset, cast_mode,
+                           "residual")[0]
     _check_tensor("x", x)
     return LayerNormFunction.apply(x, normalized_shape, weight, bias, eps, weight_offset, cast_mode)
 
@@ -462,6 +541,14 @@ def add_rms_norm(x, residual, normalized_shape, weight=None, eps=None, *, weight
     Returns (y, h): y in x's dtype, h in residual's dtype, both new and
     contiguous. Gradients reaching y and h flow to x and residual alike.
     """
+    if _NORM_FWD is not None:
+        if eps is None and isinstance(x, torch.Tensor):
+            eps = torch.finfo(x.dtype).eps
+        if residual is None:
+            raise TypeError("residual must be a torch.Tensor, got None")
+        y, h, _, _ = _op_forward(_capi.NORM_RMS, x, residual, normalized_shape, weight, None, eps, weight_offset,
+                                 cast_mode, residual_rounding)
+        return y, h
     eps = _default_eps(x, eps)
     return AddRMSNormFunction.apply(x, residual, normalized_shape, weight, eps, weight_offset, cast_mode,
                                     residual_rounding)
@@ -473,6 +560,12 @@ def add_layer_norm(x, residual, normalized_shape, weight=None, bias=None, eps=1e
 
     Arguments and results as add_rms_norm() and layer_norm().
     """
+    if _NORM_FWD is not None:
+        if residual is None:
+            raise TypeError("residual must be a torch.Tensor, got None")
+        y, h, _, _ = _op_forward(_capi.NORM_LAYER, x, residual, normalized_shape, weight, bias, eps, weight_offset,
+                                 cast_mode, residual_rounding)
+        return y, h
     _check_tensor("x", x)
     return AddLayerNormFunction.apply(x, residual, normalized_shape, weight, bias, eps, weight_offset, cast_mode,
                                       residual_rounding)
