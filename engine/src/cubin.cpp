@@ -12,8 +12,9 @@ namespace normjit::detail {
 namespace {
 
 // Little-endian fields of an ELF64 file (cubins are little-endian).
-template <class T> T field(const std::string& f, std::size_t off) {
-  if (off + sizeof(T) > f.size()) throw Error(ErrorKind::InvalidArgument, "cubin: truncated ELF file");
+template <class T> T field(const std::string& f, std::uint64_t off) {
+  // Written so that no sum can wrap: offsets come from the file.
+  if (off > f.size() || f.size() - off < sizeof(T)) throw Error(ErrorKind::InvalidArgument, "cubin: truncated ELF file");
   T v;
   std::memcpy(&v, f.data() + off, sizeof(T));
   return v;
@@ -25,6 +26,9 @@ struct Section {
   std::uint32_t type = 0, info = 0;
 };
 
+// [off, off + size) lies inside a file of `n` bytes (no sum wraps).
+bool inside(std::uint64_t off, std::uint64_t size, std::size_t n) { return off <= n && size <= n - off; }
+
 }  // namespace
 
 std::string machine_code_fingerprint(const std::string& f, const std::string& kernel) {
@@ -33,9 +37,10 @@ std::string machine_code_fingerprint(const std::string& f, const std::string& ke
   const auto shoff = field<std::uint64_t>(f, 0x28);
   const auto shentsize = field<std::uint16_t>(f, 0x3a), shnum = field<std::uint16_t>(f, 0x3c),
              shstrndx = field<std::uint16_t>(f, 0x3e);
-  if (shentsize < 64 || shstrndx >= shnum) throw Error(ErrorKind::InvalidArgument, "cubin: bad section table");
+  if (shentsize < 64 || shstrndx >= shnum || !inside(shoff, std::uint64_t{shnum} * shentsize, f.size()))
+    throw Error(ErrorKind::InvalidArgument, "cubin: bad section table");
   auto header = [&](std::size_t i) {
-    const std::size_t h = shoff + i * shentsize;
+    const std::uint64_t h = shoff + i * shentsize;  // inside the file: checked above
     Section s;
     s.type = field<std::uint32_t>(f, h + 4);
     s.flags = field<std::uint64_t>(f, h + 8);
@@ -50,11 +55,12 @@ std::string machine_code_fingerprint(const std::string& f, const std::string& ke
   bool found = false;
   for (std::size_t i = 0; i < shnum; ++i) {
     Section s = header(i);
-    const std::size_t at = strtab.offset + std::stoull(s.name);
-    if (at >= f.size()) throw Error(ErrorKind::InvalidArgument, "cubin: bad section name");
-    s.name = std::string(f.c_str() + at);
+    const std::uint64_t name_off = std::stoull(s.name);
+    if (strtab.offset >= f.size() || name_off >= f.size() - strtab.offset)
+      throw Error(ErrorKind::InvalidArgument, "cubin: bad section name");
+    s.name = std::string(f.c_str() + strtab.offset + name_off);
     if (s.name == ".text." + kernel) {
-      if (s.offset + s.size > f.size()) throw Error(ErrorKind::InvalidArgument, "cubin: truncated .text");
+      if (!inside(s.offset, s.size, f.size())) throw Error(ErrorKind::InvalidArgument, "cubin: truncated .text");
       text = fmt::format("flags={:x} info={:x} ", s.flags, s.info) + f.substr(s.offset, s.size);
       found = true;
     } else if (s.name == ".nv.shared." + kernel) {
@@ -63,6 +69,40 @@ std::string machine_code_fingerprint(const std::string& f, const std::string& ke
   }
   if (!found) throw Error(ErrorKind::InvalidArgument, fmt::format("cubin: no kernel '{}'", kernel));
   return "shared=" + shared + " " + text;
+}
+
+std::string cubin_problem(const std::string& f, const std::string& kernel) {
+  constexpr std::uint16_t kEmCuda = 190;
+  constexpr std::uint32_t kShtNobits = 8;  // a section with no bytes in the file (.bss, .nv.shared.*)
+  try {
+    if (f.size() < 64 || f.compare(0, 4, "\x7f" "ELF") != 0) return "not an ELF file";
+    if (f[4] != 2 || f[5] != 1) return "not a 64-bit little-endian ELF file";
+    if (field<std::uint16_t>(f, 0x12) != kEmCuda) return "not a CUDA ELF file (e_machine is not EM_CUDA)";
+    const auto phoff = field<std::uint64_t>(f, 0x20);
+    const auto phentsize = field<std::uint16_t>(f, 0x36), phnum = field<std::uint16_t>(f, 0x38);
+    if (phnum > 0 && (phentsize < 56 || !inside(phoff, std::uint64_t{phnum} * phentsize, f.size())))
+      return "bad program header table";
+    for (std::uint64_t i = 0; i < phnum; ++i) {
+      const std::uint64_t h = phoff + i * phentsize;
+      if (!inside(field<std::uint64_t>(f, h + 8), field<std::uint64_t>(f, h + 32), f.size()))
+        return fmt::format("segment {} lies past the end of the file", i);
+    }
+    const auto shoff = field<std::uint64_t>(f, 0x28);
+    const auto shentsize = field<std::uint16_t>(f, 0x3a), shnum = field<std::uint16_t>(f, 0x3c);
+    if (shentsize < 64 || !inside(shoff, std::uint64_t{shnum} * shentsize, f.size())) return "bad section table";
+    for (std::uint64_t i = 0; i < shnum; ++i) {
+      const std::uint64_t h = shoff + i * shentsize;
+      if (field<std::uint32_t>(f, h + 4) != kShtNobits &&
+          !inside(field<std::uint64_t>(f, h + 24), field<std::uint64_t>(f, h + 32), f.size()))
+        return fmt::format("section {} lies past the end of the file", i);
+    }
+    machine_code_fingerprint(f, kernel);  // section names, and the kernel's .text
+  } catch (const Error& e) {
+    return e.message();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
 }
 
 }  // namespace normjit::detail

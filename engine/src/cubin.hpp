@@ -14,4 +14,13 @@ namespace normjit::detail {
 /// holds no such kernel.
 std::string machine_code_fingerprint(const std::string& cubin, const std::string& kernel);
 
+/// Why `cubin` cannot be a compiled kernel `kernel` ("" when it can be): it
+/// must be a 64-bit little-endian CUDA ELF file (EM_CUDA) whose program
+/// headers, segments, section headers and sections all lie inside it, with
+/// the kernel's .text section. Never throws. The kernel cache checks a cubin
+/// read from disk with it, so a truncated or damaged file is recompiled
+/// instead of reaching the driver (damage inside the machine code itself
+/// passes: no checksum is stored).
+std::string cubin_problem(const std::string& cubin, const std::string& kernel);
+
 }  // namespace normjit::detail

@@ -139,6 +139,9 @@ struct Engine::Impl {
 
   std::shared_ptr<const Plan> find_plan(const PlanKey& k) {
     std::lock_guard<std::mutex> lk(mu);
+    // No device state yet: no plans either, and no reason to open the
+    // driver before the descriptor is checked (bad input needs no GPU).
+    if (devices.empty()) return nullptr;
     auto& plans = state().plans;
     auto it = plans.find(k);
     return it == plans.end() ? nullptr : it->second;

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "cubin.hpp"
 #include "driver.hpp"
 #include "hash.hpp"
 #include "kernel_sources.hpp"
@@ -52,8 +53,6 @@ void write_atomic(const fs::path& p, const std::string& data) {
   if (!ok || std::rename(tmp.c_str(), p.c_str()) != 0) std::remove(tmp.c_str());
 }
 
-// A cubin starts with the ELF magic; anything else on disk is damage.
-bool looks_like_cubin(const std::string& s) { return s.size() > 4 && s.compare(0, 4, "\x7f" "ELF") == 0; }
 }  // namespace
 
 KernelBinary compile_spec(const KernelSpec& spec, const std::string& arch, const std::string& kernel_dir) {
@@ -61,7 +60,9 @@ KernelBinary compile_spec(const KernelSpec& spec, const std::string& arch, const
   b.arch = arch;
   b.cache_key = binary_cache_key(spec, arch);
   const fs::path file = kernel_dir.empty() ? fs::path() : fs::path(kernel_dir) / (b.cache_key + ".cubin");
-  if (!kernel_dir.empty() && read_file(file, &b.cubin) && looks_like_cubin(b.cubin)) {
+  // A file that is not a whole CUDA ELF holding the kernel (truncated,
+  // damaged, another file) is recompiled and replaced, never loaded.
+  if (!kernel_dir.empty() && read_file(file, &b.cubin) && cubin_problem(b.cubin, spec.kernel_name()).empty()) {
     b.from_disk = true;
     return b;
   }

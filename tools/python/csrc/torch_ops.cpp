@@ -325,14 +325,13 @@ struct NormFunction : public torch::autograd::Function<NormFunction> {
     const bool res = residual.defined();
     // The backward reads the normalised input: x (through its strides) or h.
     ctx->save_for_backward({res ? h : x, weight, bias, mean, rstd});
-    ctx->saved_data["norm"] = norm;
-    ctx->saved_data["n_dims"] = n_dims;
-    ctx->saved_data["weight_offset"] = weight_offset;
-    ctx->saved_data["cast_mode"] = cast_mode;
-    ctx->saved_data["heads"] = res ? int64_t{0} : int64_t{-1};
-    ctx->saved_data["y_dtype"] = static_cast<int64_t>(x.scalar_type());
-    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
-    ctx->saved_data["residual_dtype"] = static_cast<int64_t>(res ? residual.scalar_type() : x.scalar_type());
+    // Two saved entries (each is a string-keyed map insert): the small ints
+    // packed into one, and the offset.
+    const int64_t heads = res ? 0 : 1;  // 0: xin is h; 1: x, its rows read as the forward read them
+    const int64_t r_dtype = static_cast<int64_t>(res ? residual.scalar_type() : x.scalar_type());
+    ctx->saved_data["p"] = norm | (n_dims << 4) | (cast_mode << 12) | (heads << 16) |
+                           (static_cast<int64_t>(x.scalar_type()) << 20) | (r_dtype << 28);
+    ctx->saved_data["w"] = weight_offset;
     ctx->mark_non_differentiable({mean, rstd});
     ctx->set_materialize_grads(false);
     return {y, h, mean, rstd};
@@ -343,16 +342,15 @@ struct NormFunction : public torch::autograd::Function<NormFunction> {
     auto saved = ctx->get_saved_variables();
     const at::Tensor &xin = saved[0], &weight = saved[1], &bias = saved[2], &mean = saved[3], &rstd = saved[4];
     at::Tensor dy = grads[0], dh = grads[1];
-    const int64_t heads = ctx->saved_data["heads"].toInt();
-    const auto y_dtype = static_cast<at::ScalarType>(ctx->saved_data["y_dtype"].toInt());
+    const int64_t p = ctx->saved_data["p"].toInt();
+    const int64_t norm = p & 15, n_dims = (p >> 4) & 255, cast_mode = (p >> 12) & 15, heads = (p >> 16) & 15 ? -1 : 0;
+    const auto x_dtype = static_cast<at::ScalarType>((p >> 20) & 255);
+    const auto r_dtype = static_cast<at::ScalarType>((p >> 28) & 255);
+    const auto y_dtype = x_dtype;  // y has x's dtype
     if (!dy.defined()) dy = at::zeros(xin.sizes(), xin.options().dtype(y_dtype));
-    auto [dx, dweight, dbias] =
-        call_bwd(dy, xin, opt(weight), opt(bias), mean, rstd, heads == 0 ? opt(dh) : c10::nullopt,
-                 ctx->saved_data["norm"].toInt(), ctx->saved_data["n_dims"].toInt(),
-                 ctx->saved_data["weight_offset"].toDouble(), ctx->saved_data["cast_mode"].toInt(), heads,
-                 static_cast<int64_t>(y_dtype));
-    const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
-    const auto r_dtype = static_cast<at::ScalarType>(ctx->saved_data["residual_dtype"].toInt());
+    auto [dx, dweight, dbias] = call_bwd(dy, xin, opt(weight), opt(bias), mean, rstd, heads == 0 ? opt(dh) : c10::nullopt,
+                                         norm, n_dims, ctx->saved_data["w"].toDouble(), cast_mode, heads,
+                                         static_cast<int64_t>(y_dtype));
     const bool res = heads == 0;
     // needs_input_grad counts only the inputs that are tensors: x, then
     // residual, weight and bias where present.
@@ -372,6 +370,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd_autograd(
     const at::Tensor& x, const c10::optional<at::Tensor>& residual, const c10::optional<at::Tensor>& weight,
     const c10::optional<at::Tensor>& bias, int64_t norm, c10::IntArrayRef normalized_shape, double eps,
     double weight_offset, int64_t cast_mode, int64_t residual_rounding) {
+  auto needs = [](const c10::optional<at::Tensor>& t) { return t && t->defined() && t->requires_grad(); };
+  if (!at::GradMode::is_enabled() || !(x.requires_grad() || needs(residual) || needs(weight) || needs(bias))) {
+    // Nothing to differentiate: no graph node, no saved tensors (inference).
+    at::AutoDispatchBelowADInplaceOrView below;
+    return call_fwd(x, residual, weight, bias, norm, normalized_shape, eps, weight_offset, cast_mode,
+                    residual_rounding);
+  }
   auto out = NormFunction::apply(x, residual, weight, bias, norm, normalized_shape, eps, weight_offset, cast_mode,
                                  residual_rounding);
   return {out[0], out[1], out[2], out[3]};

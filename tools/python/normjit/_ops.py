@@ -104,5 +104,5 @@ def reason():
 
 
 def set_engine(handle):
-    """Hands the process-wide engine (a C handle) to the operators."""
+    """Hands the process-wide engine (a C handle; None: none) to the operators."""
     _state["lib"].normjit_torch_set_engine(handle)

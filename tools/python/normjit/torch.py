@@ -50,6 +50,7 @@ __all__ = [
     "add_layer_norm",
     "add_rms_norm",
     "layer_norm",
+    "patch",
     "replace_norms",
     "rms_norm",
 ]
@@ -429,52 +430,68 @@ if _OPS is None:
     import warnings
 
     warnings.warn(f"normjit.torch: C++ operators unavailable, using the ctypes path ({_ops.reason()})", stacklevel=2)
-    _NORM_FWD = None
+    _NORM_FWD = _NORM_FWD_RAW = None
 else:
+    # Under torch.compile the OpOverload (Dynamo knows it); in eager its C++
+    # callable, one Python frame less a call.
     _NORM_FWD = _OPS[0]
-
+    _NORM_FWD_RAW = _OPS[0]._op
+_is_compiling = torch.compiler.is_compiling
+_EPS = {t: torch.finfo(t).eps for t in _DTYPES}
+_OP_ERRORS = (RuntimeError, KeyError, TypeError, ValueError, IndexError, AttributeError)
 _engine_state = {"stale": True}
 
 
 def _sync_engine():
-    """Hands the package's engine to the operators (at import, and after
+    """Hands the package's engine to the operators (at import, and when
     set_cache_dir / set_tune_policy replace it)."""
+    _engine_state["stale"] = True
+    _ops.set_engine(None)
     _ops.set_engine(_engine_handle())
     _engine_state["stale"] = False
 
 
 def _engine_replaced():
-    _engine_state["stale"] = True
+    try:
+        _sync_engine()
+    except _capi.NormjitError:
+        pass  # the next call raises it (a bad $NORMJIT_TUNE, say)
 
 
 if _NORM_FWD is not None:
     _engine_listeners.append(_engine_replaced)
-    try:
-        _sync_engine()
-    except _capi.NormjitError:
-        pass  # a bad $NORMJIT_TUNE, say: the first call raises it
+    _engine_replaced()
 
 
-def _op_forward(norm, x, residual, normalized_shape, weight, bias, eps, weight_offset, cast_mode, residual_rounding):
-    """(y, h, mean, rstd) from the norm_fwd operator; errors as the ctypes path's."""
+def _op_failed(e, norm, x, residual, normalized_shape, weight, bias, eps, weight_offset, cast_mode,
+               residual_rounding):
+    """Raises the error of a failed operator call as the ctypes path would:
+    the success path pays for no checks, so here the argument to name is
+    found (TypeError / ValueError), else the engine's NormjitError."""
+    if eps is None and norm == _capi.NORM_RMS and isinstance(x, torch.Tensor) and x.dtype in _EPS:
+        eps = _EPS[x.dtype]
+    _validate_forward(norm, x, residual, normalized_shape, weight, bias, eps, weight_offset, cast_mode,
+                      residual_rounding)
     if _engine_state["stale"]:
-        _sync_engine()
-    try:
-        shape = (normalized_shape,) if isinstance(normalized_shape, int) else normalized_shape
-        return _NORM_FWD(x, residual, weight, bias, norm, shape, eps, weight_offset, _CAST_MODES[cast_mode],
-                         _RESIDUAL_ROUNDING[residual_rounding])
-    except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as e:
-        # The success path pays for no checks: on failure, find the argument
-        # to name (TypeError / ValueError), else the engine's status.
-        _validate_forward(norm, x, residual, normalized_shape, weight, bias, eps, weight_offset, cast_mode,
-                          residual_rounding)
-        m = _STATUS.match(str(e))
-        if m:
-            raise NormjitError(int(m.group(1)), m.group(2).split("\nException raised from")[0]) from None
-        raise
+        _sync_engine()  # raises why the engine cannot be created
+    m = _STATUS.match(str(e))
+    if m:
+        raise NormjitError(int(m.group(1)), m.group(2).split("\nException raised from")[0]) from None
+    raise e
 
 
 _STATUS = re.compile(r"normjit status (\d+): (.*)", re.S)
+
+
+def _op_forward(norm, x, residual, normalized_shape, weight, bias, eps, weight_offset, cast_mode, residual_rounding):
+    """(y, h, mean, rstd) from the norm_fwd operator."""
+    try:
+        return (_NORM_FWD if _is_compiling() else _NORM_FWD_RAW)(
+            x, residual, weight, bias, norm, (normalized_shape,) if type(normalized_shape) is int else normalized_shape,
+            eps, weight_offset, _CAST_MODES[cast_mode], _RESIDUAL_ROUNDING[residual_rounding])
+    except _OP_ERRORS as e:
+        _op_failed(e, norm, x, residual, normalized_shape, weight, bias, eps, weight_offset, cast_mode,
+                   residual_rounding)
 
 
 # ---- functional API ---------------------------------------------------------
@@ -505,10 +522,13 @@ def rms_norm(x, normalized_shape, weight=None, eps=None, *, weight_offset=0.0, c
     value), normjit.NormjitError when the engine fails.
     """
     if _NORM_FWD is not None:
-        if eps is None and isinstance(x, torch.Tensor):
-            eps = torch.finfo(x.dtype).eps
-        return _op_forward(_capi.NORM_RMS, x, None, normalized_shape, weight, None, eps, weight_offset, cast_mode,
-                           "residual")[0]
+        try:
+            return (_NORM_FWD if _is_compiling() else _NORM_FWD_RAW)(
+                x, None, weight, None, 0, (normalized_shape,) if type(normalized_shape) is int else normalized_shape,
+                _EPS[x.dtype] if eps is None else eps, weight_offset, _CAST_MODES[cast_mode], 0)[0]
+        except _OP_ERRORS as e:
+            _op_failed(e, _capi.NORM_RMS, x, None, normalized_shape, weight, None, eps, weight_offset, cast_mode,
+                       "residual")
     eps = _default_eps(x, eps)
     return RMSNormFunction.apply(x, normalized_shape, weight, eps, weight_offset, cast_mode)
 
@@ -522,8 +542,13 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, weight_
     Returns y of x's shape and dtype; differentiable in x, weight and bias.
     """
     if _NORM_FWD is not None:
-        return _op_forward(_capi.NORM_LAYER, x, None, normalized_shape, weight, bias, eps, weight_offset, cast_mode,
-                           "residual")[0]
+        try:
+            return (_NORM_FWD if _is_compiling() else _NORM_FWD_RAW)(
+                x, None, weight, bias, 1, (normalized_shape,) if type(normalized_shape) is int else normalized_shape,
+                eps, weight_offset, _CAST_MODES[cast_mode], 0)[0]
+        except _OP_ERRORS as e:
+            _op_failed(e, _capi.NORM_LAYER, x, None, normalized_shape, weight, bias, eps, weight_offset, cast_mode,
+                       "residual")
     _check_tensor("x", x)
     return LayerNormFunction.apply(x, normalized_shape, weight, bias, eps, weight_offset, cast_mode)
 
@@ -542,8 +567,8 @@ def add_rms_norm(x, residual, normalized_shape, weight=None, eps=None, *, weight
     contiguous. Gradients reaching y and h flow to x and residual alike.
     """
     if _NORM_FWD is not None:
-        if eps is None and isinstance(x, torch.Tensor):
-            eps = torch.finfo(x.dtype).eps
+        if eps is None and isinstance(x, torch.Tensor) and x.dtype in _EPS:
+            eps = _EPS[x.dtype]
         if residual is None:
             raise TypeError("residual must be a torch.Tensor, got None")
         y, h, _, _ = _op_forward(_capi.NORM_RMS, x, residual, normalized_shape, weight, None, eps, weight_offset,
@@ -935,3 +960,6 @@ def replace_norms(module):
             setattr(parent, name, new)
             count += 1
     return count
+
+
+from .hf import patch  # noqa: E402  (Hugging Face models; needs the functions above)
