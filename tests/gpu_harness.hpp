@@ -19,6 +19,48 @@ namespace normjit::test {
 
 using namespace normjit::detail;
 
+/// Device 0's primary context, current on the calling thread for the life of
+/// one test case. Every GPU case starts with it (GPU_TEST_CASE), so a case
+/// never relies on a context an earlier case made current: `-tc=<one case>`
+/// and compute-sanitizer runs of single cases (tools/sanitize.sh) work, in
+/// any order. The primary context is retained once per process and never
+/// released (cases keep engines, with modules and buffers in it, in
+/// statics); the case's end leaves the thread with no current context, so a
+/// case that forgot the fixture fails the same way in a full run as alone.
+struct GpuContext {
+  GpuContext() {
+    static const CUcontext primary = [] {
+      CUdevice dev = 0;
+      NJ_CU(cuDeviceGet(&dev, 0));
+      CUcontext ctx = nullptr;
+      NJ_CU(cuDevicePrimaryCtxRetain(&ctx, dev));
+      return ctx;
+    }();
+    NJ_CU(cuCtxSetCurrent(primary));
+  }
+  ~GpuContext() {
+    // Work the case queued finishes inside it (an asynchronous fault is
+    // reported by the case that caused it); no throwing from a destructor.
+    const CUresult r = cu().cuCtxSynchronize();
+    if (r != CUDA_SUCCESS) {
+      const char* name = nullptr;
+      cu().cuGetErrorName(r, &name);
+      FAIL_CHECK(fmt::format("cuCtxSynchronize at the end of the case failed: {}", name ? name : "?"));
+    }
+    cu().cuCtxSetCurrent(nullptr);
+  }
+  GpuContext(const GpuContext&) = delete;
+  GpuContext& operator=(const GpuContext&) = delete;
+};
+
+}  // namespace normjit::test
+
+/// A test case that needs the GPU: runs with the primary context current
+/// (normjit::test::GpuContext), whatever ran before it.
+#define GPU_TEST_CASE(name) TEST_CASE_FIXTURE(::normjit::test::GpuContext, name)
+
+namespace normjit::test {
+
 /// A fresh seed per case (printed on failure through CAPTURE by callers).
 inline std::uint64_t fresh_seed() {
   static std::random_device rd;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <regex>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -295,4 +296,122 @@ TEST_CASE("cli: explain --device says where a config comes from, without a GPU")
   CHECK(r.output.find("nvidia-h200.cc90.132sm.60mib") != std::string::npos);
   // Without --device it needs a GPU.
   if (!gpu_available(nullptr)) CHECK(cli("explain --shape rms:bf16:8x64").exit_code == 3);
+}
+
+namespace {
+
+// The lines of `text` with runs of spaces collapsed to one (--list aligns its columns).
+std::vector<std::string> squeezed_lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::string line;
+  for (char c : text) {
+    if (c == '\n') {
+      out.push_back(line);
+      line.clear();
+    } else if (!(c == ' ' && !line.empty() && line.back() == ' ')) {
+      line += c;
+    }
+  }
+  if (!line.empty()) out.push_back(line);
+  return out;
+}
+
+// `tune --model <file> --list <extra>`: exit 0 without a GPU, and the shape
+// lines (those after the legend, before the summary) are exactly `want`.
+void check_model_list(const Cli& cli, const std::string& file, const std::vector<std::string>& want,
+                      const std::string& summary, const std::string& extra = "") {
+  const CliResult r = cli(fmt::format("tune --model " NORMJIT_TEST_MODELS_DIR "/{} --list {}", file, extra));
+  CAPTURE(r.output);
+  REQUIRE(r.exit_code == 0);
+  const auto all = squeezed_lines(r.output);
+  std::vector<std::string> shapes;
+  for (const auto& l : all)
+    if (!l.empty() && l[0] != ' ' && contains(l, " <- ")) shapes.push_back(l);
+  CHECK(shapes == want);
+  REQUIRE(!all.empty());
+  CHECK(all.back() == summary);
+  CHECK(count_cubins(cli.cache_dir() / "kernels") == 0);  // nothing compiled
+}
+
+const std::vector<std::int64_t> kDefaultTokens = {1, 1024, 8192};
+
+}  // namespace
+
+TEST_CASE("cli: tune --model --list: Qwen3-8B's norms, variants and the keys they came from, without a GPU") {
+  const Cli cli;
+  const std::string tail = ", rms_norm_eps, torch_dtype, model_type";
+  std::vector<std::string> want;
+  for (auto t : kDefaultTokens) {
+    want.push_back(fmt::format("hidden[{}] fwd+bwd rms:bf16:{}x4096:cast=llama:eps=1e-06 <- hidden_size{}", t, t, tail));
+    want.push_back(fmt::format("hidden_res[{}] fwd rms:bf16:{}x4096:res=bf16:cast=llama:eps=1e-06 <- hidden_size{}", t, t, tail));
+    want.push_back(fmt::format("q_norm[{}] fwd+bwd rms:bf16:{}x128:cast=llama:eps=1e-06 <- num_attention_heads, head_dim{}",
+                               t, 32 * t, tail));
+    want.push_back(fmt::format("k_norm[{}] fwd+bwd rms:bf16:{}x128:cast=llama:eps=1e-06 <- num_key_value_heads, head_dim{}",
+                               t, 8 * t, tail));
+  }
+  check_model_list(cli, "qwen3-8b.config.json", want, "12 shapes, 21 kernels (12 fwd, 9 bwd)");
+  // The default token counts are 1, 1024, 8192; --tokens picks others.
+  check_model_list(cli, "qwen3-8b.config.json", want, "12 shapes, 21 kernels (12 fwd, 9 bwd)", "--tokens 1,1024,8192");
+  check_model_list(cli, "qwen3-8b.config.json", {want[0], want[1], want[2], want[3]}, "4 shapes, 7 kernels (4 fwd, 3 bwd)",
+                   "--tokens 1");
+  // --op bwd keeps the shapes training calls.
+  std::vector<std::string> bwd = {want[0], want[2], want[3]};
+  for (auto& l : bwd) l.replace(l.find(" fwd+bwd "), 9, " bwd ");
+  check_model_list(cli, "qwen3-8b.config.json", bwd, "3 shapes, 3 kernels (0 fwd, 3 bwd)", "--tokens 1 --op bwd");
+  const CliResult r = cli("tune --model " NORMJIT_TEST_MODELS_DIR "/qwen3-8b.config.json --list");
+  CHECK(contains(r.output, "model_type qwen3: RMSNorm, Llama cast"));
+  CHECK(contains(r.output, "tokens 1, 1024, 8192"));
+}
+
+TEST_CASE("cli: tune --model --list: Gemma 3, DeepSeek-V3 and GPT-2") {
+  const Cli cli;
+  std::vector<std::string> gemma, deepseek, gpt2;
+  for (auto t : kDefaultTokens) {
+    const std::string tail = ", rms_norm_eps (absent: 1e-06), torch_dtype, text_config.model_type";
+    gemma.push_back(fmt::format("hidden[{}] fwd+bwd rms:bf16:{}x5376:off=1:cast=gemma:eps=1e-06 <- text_config.hidden_size{}", t, t, tail));
+    gemma.push_back(fmt::format("hidden_res[{}] fwd rms:bf16:{}x5376:res=bf16:off=1:cast=gemma:eps=1e-06 <- text_config.hidden_size{}", t, t, tail));
+    gemma.push_back(fmt::format("q_norm[{}] fwd+bwd rms:bf16:{}x128:off=1:cast=gemma:eps=1e-06 <- text_config.num_attention_heads, text_config.head_dim{}", t, 32 * t, tail));
+    gemma.push_back(fmt::format("k_norm[{}] fwd+bwd rms:bf16:{}x128:off=1:cast=gemma:eps=1e-06 <- text_config.num_key_value_heads, text_config.head_dim{}", t, 16 * t, tail));
+
+    const std::string ds = ", rms_norm_eps, torch_dtype, model_type";
+    deepseek.push_back(fmt::format("hidden[{}] fwd+bwd rms:bf16:{}x7168:cast=llama:eps=1e-06 <- hidden_size{}", t, t, ds));
+    deepseek.push_back(fmt::format("hidden_res[{}] fwd rms:bf16:{}x7168:res=bf16:cast=llama:eps=1e-06 <- hidden_size{}", t, t, ds));
+    deepseek.push_back(fmt::format(
+        "hidden_fp8[{}] fwd rms:bf16:{}x7168:cast=llama:norstd:quant=e4m3/group128:colmajor:eps=1e-06 <- hidden_size, "
+        "quantization_config.quant_method, quantization_config.weight_block_size{}", t, t, ds));
+    deepseek.push_back(fmt::format("q_a_norm[{}] fwd+bwd rms:bf16:{}x1536:cast=llama:eps=1e-06 <- q_lora_rank{}", t, t, ds));
+    deepseek.push_back(fmt::format(
+        "kv_a_norm[{}] fwd+bwd rms:bf16:{}x512:cast=llama:x_stride=576:eps=1e-06 <- kv_lora_rank, qk_rope_head_dim{}", t, t, ds));
+
+    gpt2.push_back(fmt::format("hidden[{}] fwd+bwd ln:bf16:{}x768:eps=1e-05 <- n_embd, layer_norm_epsilon, torch_dtype (absent: bf16), model_type", t, t));
+  }
+  check_model_list(cli, "gemma-3-27b-it.config.json", gemma, "12 shapes, 21 kernels (12 fwd, 9 bwd)");
+  check_model_list(cli, "deepseek-v3.config.json", deepseek, "15 shapes, 24 kernels (15 fwd, 9 bwd)");
+  check_model_list(cli, "gpt2.config.json", gpt2, "3 shapes, 6 kernels (3 fwd, 3 bwd)");
+  // Gemma 2/3's four norms a layer are one shape; the legend says which modules share it.
+  const CliResult r = cli("tune --model " NORMJIT_TEST_MODELS_DIR "/gemma-3-27b-it.config.json --list --tokens 1");
+  CHECK(contains(r.output, "pre_feedforward_layernorm, post_feedforward_layernorm (4 a layer)"));
+  CHECK(contains(r.output, "model_type gemma3 (text_config: gemma3_text): RMSNorm, zero-centred weight (1 + weight), Gemma cast"));
+}
+
+TEST_CASE("cli: tune --model: an unknown architecture names the missing keys; no GPU exits 3") {
+  const Cli cli;
+  const fs::path bad = cli.cache_dir() / "mamba.json";
+  write_text_file(bad, R"({"model_type": "mamba", "d_model": 768, "n_layer": 24})");
+  check_fails(cli, fmt::format("tune --model '{}' --list", bad.string()), 2,
+              {bad.string().c_str(), "no hidden size", "'hidden_size'", "'n_embd'", "model_type 'mamba'"});
+  check_fails(cli, fmt::format("compile --arch sm_90 --model '{}'", bad.string()), 2, {"'hidden_size'", "'n_embd'"});
+  // --list with --shape prints the shape (both ops), too.
+  const CliResult s = cli("tune --shape rms:bf16:8x4096:res --list");
+  CAPTURE(s.output);
+  CHECK(s.exit_code == 0);
+  CHECK(contains(squeezed_lines(s.output).front(), "rms:bf16:8x4096:res fwd+bwd rms:bf16:8x4096:res=bf16:eps=1e-06"));
+  std::string why;
+  if (gpu_available(&why)) {
+    MESSAGE("a GPU is available: the no-GPU exit code is not tested here");
+    return;
+  }
+  for (const char* extra : {"", " --retune", " --tokens 1,1024,8192"})
+    check_fails(cli, fmt::format("tune --model " NORMJIT_TEST_MODELS_DIR "/qwen3-8b.config.json{}", extra), 3,
+                {"tuning needs an NVIDIA GPU", why.c_str()});
 }

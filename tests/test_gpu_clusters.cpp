@@ -47,7 +47,7 @@ std::vector<LaunchConfig> cluster_configs(Op op, const NormDesc& d, int max_clus
 
 }  // namespace
 
-TEST_CASE("clusters: wide rows split over a cluster match float64 (RMSNorm, LayerNorm, every dtype)") {
+GPU_TEST_CASE("clusters: wide rows split over a cluster match float64 (RMSNorm, LayerNorm, every dtype)") {
   const DeviceInfo dev = device_info(current_device());
   if (dev.max_cluster < 2) {
     MESSAGE("skipped: " << dev.name << " launches no thread-block clusters (sm_90+ only)");

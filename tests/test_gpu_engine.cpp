@@ -13,7 +13,7 @@ using namespace normjit;
 using namespace normjit::test;
 using normjit_test::make_temp_dir;
 
-TEST_CASE("every autotune candidate matches the float64 reference") {
+GPU_TEST_CASE("every autotune candidate matches the float64 reference") {
   const DeviceInfo dev = device_info(current_device());
   const auto kdir = make_temp_dir("kernels");
   KernelCache jit(kdir->string());
@@ -88,7 +88,7 @@ TEST_CASE("every autotune candidate matches the float64 reference") {
   }
 }
 
-TEST_CASE("tuning stores a winner that later engines find; policies behave") {
+GPU_TEST_CASE("tuning stores a winner that later engines find; policies behave") {
   const auto tmp = make_temp_dir("cache");
   const std::string dir = tmp->string();
   // N = 2056 is in no shipped cache (autotune_cache/grid/grid.json).
@@ -143,7 +143,7 @@ TEST_CASE("tuning stores a winner that later engines find; policies behave") {
   CHECK(timed > 0);
 }
 
-TEST_CASE("one engine used from several threads at once gives correct results") {
+GPU_TEST_CASE("one engine used from several threads at once gives correct results") {
   // Each thread has its own shape (so its own kernels, compiled concurrently)
   // and its own stream-0 work; results are checked afterwards.
   EngineOptions o;

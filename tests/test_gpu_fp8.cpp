@@ -52,7 +52,7 @@ void run_forward(Engine& e, const NormDesc& d, Scratch& s) {
 
 }  // namespace
 
-TEST_CASE("fp8: every quantized output and FP8 input matches float64 (forward, and the FP8-input backward)") {
+GPU_TEST_CASE("fp8: every quantized output and FP8 input matches float64 (forward, and the FP8-input backward)") {
   // A usual row (register cache), a row over 2 x 4096 elements of several
   // groups per thread, a decode row, and a two-pass row.
   const std::pair<std::int64_t, std::int64_t> shapes[] = {{256, 4096}, {33, 7168}, {1, 2048}, {8, 131072}};
@@ -105,7 +105,7 @@ TEST_CASE("fp8: every quantized output and FP8 input matches float64 (forward, a
       }
 }
 
-TEST_CASE("fp8: values past the FP8 range saturate; an upper bound on the per-token scale saturates too") {
+GPU_TEST_CASE("fp8: values past the FP8 range saturate; an upper bound on the per-token scale saturates too") {
   for (const char* spec : {"rms:bf16:64x4096:quant=e4m3/tensor-static", "rms:bf16:64x4096:quant=e5m2/token:ub=0.00001"}) {
     CAPTURE(spec);
     const NormDesc d = detail::parse_shape_spec(spec).desc;
@@ -124,7 +124,7 @@ TEST_CASE("fp8: values past the FP8 range saturate; an upper bound on the per-to
   }
 }
 
-TEST_CASE("fp8: every autotune candidate of two FP8 shapes matches float64") {
+GPU_TEST_CASE("fp8: every autotune candidate of two FP8 shapes matches float64") {
   const DeviceInfo dev = device_info(current_device());
   const auto kdir = normjit_test::make_temp_dir("kernels-fp8");
   KernelCache jit(kdir->string());

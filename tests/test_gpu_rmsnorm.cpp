@@ -137,19 +137,19 @@ std::vector<std::int64_t> rows_for(std::int64_t N) {
 
 }  // namespace
 
-TEST_CASE("rms_norm forward matches float64 for every N, M and main dtype combination") {
+GPU_TEST_CASE("rms_norm forward matches float64 for every N, M and main dtype combination") {
   for (auto N : kNs)
     for (auto M : rows_for(N))
       for (auto c : kMain) check_forward(M, N, c, {});
 }
 
-TEST_CASE("rms_norm backward matches float64 for every N, M and main dtype combination, deterministically") {
+GPU_TEST_CASE("rms_norm backward matches float64 for every N, M and main dtype combination, deterministically") {
   for (auto N : kNs)
     for (auto M : rows_for(N))
       for (auto c : kMain) check_backward(M, N, c, {});
 }
 
-TEST_CASE("M = 0 writes nothing") {
+GPU_TEST_CASE("M = 0 writes nothing") {
   const NormDesc d = make_desc(0, 4096, kMain[0], {});
   DeviceBuffer out(4096 * 4), ws(16);
   NJ_CU(cuMemsetD8Async(out.get(), 0xff, out.bytes(), nullptr));
@@ -163,7 +163,7 @@ TEST_CASE("M = 0 writes nothing") {
   CHECK(std::count(host.begin(), host.end(), 0xff) == static_cast<std::ptrdiff_t>(host.size()));
 }
 
-TEST_CASE("rms_norm forward and backward for every dtype combination") {
+GPU_TEST_CASE("rms_norm forward and backward for every dtype combination") {
   for (auto N : {std::int64_t{127}, std::int64_t{4096}})
     for (auto c : kAll) {
       check_forward(1000, N, c, {});
@@ -171,7 +171,7 @@ TEST_CASE("rms_norm forward and backward for every dtype combination") {
     }
 }
 
-TEST_CASE("strided and unaligned tensors") {
+GPU_TEST_CASE("strided and unaligned tensors") {
   const Layout layouts[] = {{8, 0}, {1, 0}, {0, 1}, {3, 1}};
   for (auto N : {std::int64_t{64}, std::int64_t{1000}, std::int64_t{4096}, std::int64_t{65536}})
     for (auto l : layouts)
@@ -181,7 +181,7 @@ TEST_CASE("strided and unaligned tensors") {
       }
 }
 
-TEST_CASE("64-bit offsets: row strides that leave the 32-bit range") {
+GPU_TEST_CASE("64-bit offsets: row strides that leave the 32-bit range") {
   // 3 rows 2^30 + 64 elements apart: row 2 starts past element 2^31, so the
   // kernels need 64-bit offsets. Only the rows themselves travel to the host.
   const std::int64_t M = 3, N = 4096, ld = (std::int64_t{1} << 30) + 64;

@@ -53,7 +53,7 @@ void check_op(Engine& e, Op op, const NormDesc& d, std::uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("variants: forward and backward of every variant against float64") {
+GPU_TEST_CASE("variants: forward and backward of every variant against float64") {
   struct Shape {
     std::int64_t M, N;
     DType t;
@@ -76,7 +76,7 @@ TEST_CASE("variants: forward and backward of every variant against float64") {
     }
 }
 
-TEST_CASE("variants: LayerNorm statistics are stable for a large mean (1e4, std 1)") {
+GPU_TEST_CASE("variants: LayerNorm statistics are stable for a large mean (1e4, std 1)") {
   for (std::int64_t N : {1000, 4096, 65536}) {  // register rows and two-pass rows
     NormDesc d = normjit_test::make_desc(16, N, DType::F32, DType::F32);
     d.norm = NormKind::LayerNorm;
@@ -100,7 +100,7 @@ TEST_CASE("variants: LayerNorm statistics are stable for a large mean (1e4, std 
   }
 }
 
-TEST_CASE("variants: every autotune candidate of LayerNorm and fused add + RMSNorm matches the reference") {
+GPU_TEST_CASE("variants: every autotune candidate of LayerNorm and fused add + RMSNorm matches the reference") {
   NormDesc ln = normjit_test::make_desc(2048, 4096, DType::F16, DType::F16);
   ln.norm = NormKind::LayerNorm;
   ln.has_bias = true;
@@ -127,7 +127,7 @@ TEST_CASE("variants: every autotune candidate of LayerNorm and fused add + RMSNo
     }
 }
 
-TEST_CASE("variants: the LayerNorm backward is deterministic") {
+GPU_TEST_CASE("variants: the LayerNorm backward is deterministic") {
   NormDesc d = normjit_test::make_desc(3000, 4096, DType::BF16, DType::BF16);
   d.norm = NormKind::LayerNorm;
   d.has_bias = true;

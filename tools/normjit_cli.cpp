@@ -1,6 +1,7 @@
 // normjit: tune, benchmark, precompile and inspect normjit kernels.
 //
-//   normjit tune    --model config.json | --shape rms:bf16:8192x4096 ... [--vs-untuned --json out.json]
+//   normjit tune    --model config.json [--tokens 1,1024,8192] [--list] [--retune] | --shape rms:bf16:8192x4096 ...
+//                   [--vs-untuned --json out.json]
 //   normjit tune    --grid autotune_cache/grid/grid.json [--list] [--max-seconds S]
 //   normjit explain --shape rms:bf16:8192x4096 ...
 //   normjit bench   --model config.json | --shape ... [--json out.json]
@@ -11,6 +12,7 @@
 // Exit codes: 0 ok, 1 error, 2 bad command line, 3 no GPU (for tune/bench).
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -19,6 +21,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <optional>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -57,28 +61,91 @@ struct ShapeOptions {
 };
 
 void add_shape_options(CLI::App* app, ShapeOptions& o) {
-  auto* model = app->add_option("--model", o.model, "Hugging Face config.json: its norm shapes (hidden_size RMSNorm or n_embd LayerNorm; head_dim QK-norm)")
+  auto* model = app->add_option("--model", o.model, "Hugging Face config.json: every norm its forward and backward call (hidden, fused residual add, QK-norm, MLA, FP8; see tune --list)")
                     ->check(CLI::ExistingFile);
   app->add_option("--shape", o.shapes,
                   "A shape, <rms|ln>:<dtype>:<M>x<N>[:<option>]..., e.g. rms:bf16:8192x4096, ln:fp16:4096x4096, "
                   "rms:bf16:8192x4096:res (fused residual add), rms:bf16:32768x128:heads=32:x_stride=6144 (QK-norm on "
                   "a QKV view); options w= y= res[=] fp32sum dres nw nb off= cast= eps= heads= x_stride= (repeatable)");
-  app->add_option("--tokens", o.tokens, "Token counts for --model")->delimiter(',')->needs(model);
+  app->add_option("--tokens", o.tokens, "Token counts for --model, e.g. 1,1024,8192 (the default)")->delimiter(',')->needs(model);
   app->add_option("--op", o.op, "Which kernels")->check(CLI::IsMember({"fwd", "bwd", "both"}));
-}
-
-std::vector<NamedShape> resolve_shapes(const ShapeOptions& o) {
-  std::vector<NamedShape> out;
-  if (!o.model.empty()) out = shapes_from_model_config(o.model, o.tokens);
-  for (const auto& s : o.shapes) out.push_back(parse_shape_spec(s));
-  if (out.empty()) throw CLI::ValidationError("--model or --shape", "give at least one --model or --shape");
-  return out;
 }
 
 std::vector<Op> ops_of(const std::string& op) {
   if (op == "fwd") return {Op::Forward};
   if (op == "bwd") return {Op::Backward};
   return {Op::Forward, Op::Backward};
+}
+
+// A shape and the ops to run on it: --op's for a --shape; for a --model
+// shape, those of --op that the model calls (hidden_res and hidden_fp8 are
+// forward only).
+struct Work {
+  NamedShape shape;
+  std::vector<Op> ops;
+  const ModelNorm* norm = nullptr;  // the model's norm, for --model shapes
+};
+
+struct Resolved {
+  std::optional<ModelNorms> model;
+  std::vector<Work> work;
+};
+
+Resolved resolve_shapes(const ShapeOptions& o) {
+  Resolved r;
+  const auto wanted = ops_of(o.op);
+  if (!o.model.empty()) {
+    r.model = model_norms(o.model, o.tokens);
+    for (const auto& n : r.model->norms) {
+      std::vector<Op> ops;
+      for (Op op : n.ops)
+        if (std::find(wanted.begin(), wanted.end(), op) != wanted.end()) ops.push_back(op);
+      if (!ops.empty()) r.work.push_back({n.shape, ops, &n});
+    }
+  }
+  for (const auto& s : o.shapes) r.work.push_back({parse_shape_spec(s), wanted, nullptr});
+  if (r.work.empty()) {
+    if (!o.model.empty()) throw CLI::ValidationError("--op", fmt::format("--model '{}' calls no {} norm", o.model, o.op));
+    throw CLI::ValidationError("--model or --shape", "give at least one --model or --shape");
+  }
+  return r;
+}
+
+std::string ops_label(const std::vector<Op>& ops) {
+  std::string s;
+  for (Op op : ops) s += (s.empty() ? "" : "+") + std::string(op_name(op));
+  return s;
+}
+
+// tune --list: the shapes, their ops and, for a model, the config keys each
+// came from. Needs no GPU.
+int cmd_list(const ShapeOptions& so, const Resolved& r) {
+  if (r.model) {
+    fmt::print("{}: model_type {}: {}; tokens {}\n", so.model, r.model->model_type, r.model->summary,
+               fmt::join(so.tokens, ", "));
+    std::size_t kw = 0;
+    for (const auto& k : r.model->kinds) kw = std::max(kw, k.first.size());
+    for (const auto& [kind, modules] : r.model->kinds) fmt::print("  {:<{}}  {}\n", kind, kw, modules);
+  }
+  std::size_t nw = 0, sw = 0, ow = 0, fwd = 0, bwd = 0;
+  for (const auto& w : r.work) {
+    nw = std::max(nw, w.shape.name.size());
+    sw = std::max(sw, full_shape_spec(w.shape.desc).size());
+    ow = std::max(ow, ops_label(w.ops).size());
+  }
+  for (const auto& w : r.work) {
+    std::string line = fmt::format("{:<{}}  {:<{}}  {:<{}}", w.shape.name, nw, ops_label(w.ops), ow,
+                                   full_shape_spec(w.shape.desc), sw);
+    if (w.norm) {
+      line += fmt::format("  <- {}", fmt::join(w.norm->keys, ", "));
+      if (!w.norm->also.empty()) line += fmt::format("  (also {})", fmt::join(w.norm->also, ", "));
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    fmt::print("{}\n", line);
+    for (Op op : w.ops) ++(op == Op::Forward ? fwd : bwd);
+  }
+  fmt::print("{} shapes, {} kernels ({} fwd, {} bwd)\n", r.work.size(), fwd + bwd, fwd, bwd);
+  return 0;
 }
 
 // Tuning and benchmarks need a GPU: say plainly what is missing.
@@ -135,52 +202,87 @@ std::vector<double> time_configs(Op op, const NormDesc& d, const std::vector<Lau
   return med;
 }
 
-int cmd_tune(Engine& engine, const ShapeOptions& so, bool vs_untuned, const std::string& json_path) {
-  const auto shapes = resolve_shapes(so);
+// Tunes each shape and op. A --model's shapes are a pre-warm: those with a
+// current tuned entry for this device and kernel source (user or shipped
+// cache, or tuned earlier in this run under the same cache key) are skipped
+// unless --retune or --vs-untuned; --shape's are always tuned.
+int cmd_tune(Engine& engine, const ShapeOptions& so, bool vs_untuned, const std::string& json_path, bool retune,
+             bool list) {
+  const Resolved res = resolve_shapes(so);
+  if (list) return cmd_list(so, res);
   if (!require_gpu("tuning")) return kExitNoGpu;
-  const auto ops = ops_of(so.op);
-  const int total = static_cast<int>(shapes.size() * ops.size());
+  int total = 0;
+  for (const auto& w : res.work) total += static_cast<int>(w.ops.size());
   KernelCache jit(engine.cache_dir() + "/kernels");
   nlohmann::json rows = nlohmann::json::array();
-  int i = 0;
-  for (const auto& s : shapes)
-    for (Op op : ops) {
+  std::map<std::string, std::string> tuned_here;  // cache key -> the shape tuned for it in this run
+  int i = 0, tuned = 0, skipped = 0, failed = 0;
+  for (const auto& w : res.work)
+    for (Op op : w.ops) {
+      const NamedShape& s = w.shape;
       ++i;
       fmt::print("[{}/{}] {} {} {}\n", i, total, op_label(op, s.desc.norm), s.name, s.desc.str());
       std::fflush(stdout);
-      // What the shape would run were it not tuned: resolved before tuning it.
-      const ConfigExplanation untuned = engine.explain(op, s.desc, /*skip_exact=*/true);
-      const auto t0 = std::chrono::steady_clock::now();
-      const TuneResult r = engine.tune(op, s.desc);
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      int passed = 0;
-      for (const auto& c : r.candidates) passed += c.median_us > 0;
-      fmt::print("        winner {} {:.2f} us ({} of {} candidates passed, {:.1f} s)\n", r.winner.str(), r.winner_us,
-                 passed, r.candidates.size(), secs);
-      if (!vs_untuned) continue;
-      const auto t = time_configs(op, s.desc, {r.winner, untuned.config}, jit);
-      fmt::print("        untuned: {} {} {:.2f} us vs tuned {:.2f} us: {:.3f}x\n", config_source_name(untuned.source),
-                 untuned.config.str(), t[1], t[0], t[1] / t[0]);
-      rows.push_back({{"shape", s.name}, {"op", op_label(op, s.desc.norm)}, {"key", r.shape_key},
-                      {"tuned", r.winner.str()}, {"tuned_us", t[0]}, {"untuned", untuned.config.str()},
-                      {"untuned_source", config_source_name(untuned.source)}, {"untuned_from", untuned.from_key},
-                      {"untuned_us", t[1]}, {"ratio", t[1] / t[0]}, {"tune_seconds", secs},
-                      {"candidates", r.candidates.size()}, {"all", [&] {
-                         // Every candidate's tuned time: lets a new rule be scored offline.
-                         nlohmann::json a = nlohmann::json::array();
-                         for (const auto& c : r.candidates)
-                           if (c.median_us > 0) a.push_back({c.config.str(), c.median_us});
-                         return a;
-                       }()}});
+      const std::string key = shape_key(op, s.desc);
+      if (auto it = tuned_here.find(key); it != tuned_here.end()) {
+        fmt::print("        skipped (cached): same cache key as {}, tuned in this run\n", it->second);
+        ++skipped;
+        continue;
+      }
+      if (w.norm && !retune && !vs_untuned) {
+        const ConfigExplanation x = engine.explain(op, s.desc);
+        if (x.source == ConfigSource::UserCache || x.source == ConfigSource::ShippedCache ||
+            x.source == ConfigSource::Memory) {
+          fmt::print("        skipped (cached): {} {} {:.2f} us in the {} (--retune tunes it again)\n", key,
+                     x.config.str(), x.entry_us, config_source_name(x.source));
+          ++skipped;
+          continue;
+        }
+      }
+      try {
+        // What the shape would run were it not tuned: resolved before tuning it.
+        const ConfigExplanation untuned = engine.explain(op, s.desc, /*skip_exact=*/true);
+        const auto t0 = std::chrono::steady_clock::now();
+        const TuneResult r = engine.tune(op, s.desc);
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        int passed = 0;
+        for (const auto& c : r.candidates) passed += c.median_us > 0;
+        fmt::print("        tuned: winner {} {:.2f} us ({} of {} candidates passed, {:.1f} s)\n", r.winner.str(),
+                   r.winner_us, passed, r.candidates.size(), secs);
+        ++tuned;
+        tuned_here.emplace(key, s.name);
+        if (!vs_untuned) continue;
+        const auto t = time_configs(op, s.desc, {r.winner, untuned.config}, jit);
+        fmt::print("        untuned: {} {} {:.2f} us vs tuned {:.2f} us: {:.3f}x\n", config_source_name(untuned.source),
+                   untuned.config.str(), t[1], t[0], t[1] / t[0]);
+        rows.push_back({{"shape", s.name}, {"op", op_label(op, s.desc.norm)}, {"key", r.shape_key},
+                        {"tuned", r.winner.str()}, {"tuned_us", t[0]}, {"untuned", untuned.config.str()},
+                        {"untuned_source", config_source_name(untuned.source)}, {"untuned_from", untuned.from_key},
+                        {"untuned_us", t[1]}, {"ratio", t[1] / t[0]}, {"tune_seconds", secs},
+                        {"candidates", r.candidates.size()}, {"all", [&] {
+                           // Every candidate's tuned time: lets a new rule be scored offline.
+                           nlohmann::json a = nlohmann::json::array();
+                           for (const auto& c : r.candidates)
+                             if (c.median_us > 0) a.push_back({c.config.str(), c.median_us});
+                           return a;
+                         }()}});
+      } catch (const Error& e) {
+        if (e.kind() == ErrorKind::InvalidArgument) throw;  // a bad shape: a bad command line
+        // A failure of one shape (no candidate passed, a driver error) does
+        // not stop the others; the exit code reports it.
+        fmt::print("        FAILED: {}\n", e.what());
+        ++failed;
+      }
     }
-  fmt::print("tuned configs stored in {}/tuned\n", engine.cache_dir());
+  fmt::print("tune: {} tuned, {} skipped (cached), {} failed; tuned configs stored in {}/tuned\n", tuned, skipped,
+             failed, engine.cache_dir());
   if (!json_path.empty()) {
     const DeviceInfo dev = device_info(current_device());
     nlohmann::json j = {{"gpu", dev.name}, {"sm_count", dev.sm_count}, {"rows", rows}};
     std::ofstream(json_path) << j.dump(1) << "\n";
     fmt::print("wrote {}\n", json_path);
   }
-  return 0;
+  return failed ? 1 : 0;
 }
 
 // Tunes every shape of a grid file by local search, sharing compiled
@@ -327,8 +429,9 @@ int cmd_explain(Engine& engine, const ShapeOptions& so, const std::string& devic
   } else if (!require_gpu("explain without --device (the device selects the tuned-cache files)")) {
     return kExitNoGpu;
   }
-  for (const auto& s : shapes)
-    for (Op op : ops_of(so.op)) {
+  for (const auto& w : shapes.work)
+    for (Op op : w.ops) {
+      const NamedShape& s = w.shape;
       const ConfigExplanation x = offline ? explain_config(*offline, op, s.desc, max_cluster, TunePolicy::Never, false)
                                           : engine.explain(op, s.desc);
       fmt::print("{} {}\n  key:     {}\n  config:  {}\n  source:  {}\n  reason:  {}\n", op_label(op, s.desc.norm),
@@ -404,20 +507,20 @@ int cmd_bench(Engine& engine, const ShapeOptions& so, const std::string& json_pa
   const DeviceInfo dev = device_info(current_device());
   const DeviceBuffer flush = make_flush_buffer(dev);
   std::vector<BenchRow> rows;
-  for (const auto& s : shapes)
-    for (Op op : ops_of(so.op)) rows.push_back(bench_one(engine, flush, op, s, reps, check));
+  for (const auto& w : shapes.work)
+    for (Op op : w.ops) rows.push_back(bench_one(engine, flush, op, w.shape, reps, check));
   int driver = 0;
   cu().cuDriverGetVersion(&driver);
   fmt::print("\nGPU: {} ({}, {} SMs, L2 {} MiB), driver {}, NVRTC {}; median of {} runs, L2 flushed before each\n",
              dev.name, dev.arch(), dev.sm_count, dev.l2_bytes >> 20, driver, nvrtc().version, reps);
   fmt::print("SOL% = time of a device copy moving the same bytes / kernel time\n\n");
-  fmt::print("{:<7} {:<14} {:<32} {:<15} {:<13} {:>10} {:>9} {:>9} {:>6} {:>9} {}\n", "op", "name", "shape", "config",
+  fmt::print("{:<7} {:<16} {:<32} {:<15} {:<13} {:>10} {:>9} {:>9} {:>6} {:>9} {}\n", "op", "name", "shape", "config",
              "from", "bytes", "us", "GB/s", "SOL%", "copy us", check ? "check (rel err / tol)" : "");
   bool all_ok = true;
   for (const auto& r : rows) {
     const bool ok = !check || r.err <= r.tol;
     all_ok = all_ok && ok;
-    fmt::print("{:<7} {:<14} {:<32} {:<15} {:<13} {:>10} {:>9.2f} {:>9.1f} {:>5.1f}% {:>9.2f} {}\n", r.op, r.name, r.shape,
+    fmt::print("{:<7} {:<16} {:<32} {:<15} {:<13} {:>10} {:>9.2f} {:>9.1f} {:>5.1f}% {:>9.2f} {}\n", r.op, r.name, r.shape,
                r.config, r.source, fmt_bytes(r.bytes), r.us, r.gbps, r.sol, r.copy_us,
                check ? fmt::format("{} {:.1e} / {:.1e}", ok ? "ok  " : "FAIL", r.err, r.tol) : "");
   }
@@ -446,10 +549,11 @@ int cmd_compile(Engine& engine, const ShapeOptions& so, const std::string& arch)
   nvrtc();  // fail early, with the paths tried, when NVRTC is missing
   int total = 0;
   std::vector<std::string> failures;
-  for (const auto& s : shapes)
-    for (Op op : ops_of(so.op)) {
+  for (const auto& w : shapes.work)
+    for (Op op : w.ops) {
+      const NamedShape& s = w.shape;
       const int n = engine.precompile(op, s.desc, arch, &failures);
-      fmt::print("{} {:<14} {:<32} {} variants for {}\n", op_label(op, s.desc.norm), s.name, s.desc.str(), n, arch);
+      fmt::print("{} {:<16} {:<32} {} variants for {}\n", op_label(op, s.desc.norm), s.name, s.desc.str(), n, arch);
       total += n;
     }
   fmt::print("{} kernel variants compiled or found in {}/kernels\n", total, engine.cache_dir());
@@ -593,7 +697,12 @@ int main(int argc, char** argv) {
   int grid_workers = 4;
   tune->add_option("--workers", grid_workers, "With --grid: shapes tuned at once (compiles overlap timing; timing is serial)")
       ->check(CLI::Range(1, 64));
-  tune->add_flag("--list", grid_list, "With --grid: print the grid's shapes and stop (no GPU needed)");
+  tune->add_flag("--list", grid_list,
+                 "Print the shapes (with --model: each norm, its ops and the config keys it came from; with --grid: "
+                 "the grid's shapes) and stop; no GPU needed");
+  bool retune = false;
+  tune->add_flag("--retune", retune,
+                 "With --model: tune every shape, also those with a current tuned entry for this GPU (skipped otherwise)");
   tune->add_option("--max-seconds", max_seconds, "With --grid: stop starting new shapes after this long")
       ->check(CLI::PositiveNumber);
 
@@ -654,9 +763,12 @@ int main(int argc, char** argv) {
     EngineOptions opt = EngineOptions::from_env();
     if (!cache_dir.empty()) opt.cache_dir = cache_dir;
     opt.verbose = verbose || tune->parsed();  // tuning always shows its progress
+    // tune decides itself what to tune; explain() then reports exact cached
+    // entries whatever $NORMJIT_TUNE says (Always would hide them).
+    if (tune->parsed()) opt.tune_policy = TunePolicy::Never;
     Engine engine(opt);
     if (tune->parsed() && !grid_path.empty()) return cmd_tune_grid(engine, grid_path, grid_list, max_seconds, grid_workers);
-    if (tune->parsed()) return cmd_tune(engine, tune_o, vs_untuned, tune_json);
+    if (tune->parsed()) return cmd_tune(engine, tune_o, vs_untuned, tune_json, retune, grid_list);
     if (explain->parsed()) return cmd_explain(engine, explain_o, explain_device);
     if (bench->parsed()) return cmd_bench(engine, bench_o, json_path, reps, !no_check);
     if (compile->parsed()) return cmd_compile(engine, compile_o, arch);

@@ -4,7 +4,7 @@
 # cuda.h and nvrtc.h (set CUDA_HOME if it is not in /usr/local/cuda).
 set -euo pipefail
 
-pkgs=(cmake g++ make libfmt-dev nlohmann-json3-dev doctest-dev libcli11-dev libxxhash-dev python3-pytest)
+pkgs=(cmake g++ make libfmt-dev nlohmann-json3-dev doctest-dev libcli11-dev libxxhash-dev python3-pytest python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,17 +1,24 @@
 """Shared setup of the Python suites: the package is imported from
-tools/python (as PYTHONPATH=tools/python would), and the process-wide engine
-settings are restored after each test that changes them."""
+tools/python (as PYTHONPATH=tools/python would), or, with
+NORMJIT_TEST_INSTALLED=1, the installed one (the wheel, tools/test.sh), and the
+process-wide engine settings are restored after each test that changes them."""
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[2] / "tools" / "python"
-if str(_PACKAGE_DIR) not in sys.path:
+INSTALLED = os.environ.get("NORMJIT_TEST_INSTALLED") == "1"
+if not INSTALLED and str(_PACKAGE_DIR) not in sys.path:
     sys.path.insert(0, str(_PACKAGE_DIR))
 
 import normjit  # noqa: E402
+
+if INSTALLED and Path(normjit.__file__).resolve().parent.parent == _PACKAGE_DIR:
+    raise RuntimeError(f"NORMJIT_TEST_INSTALLED=1 but normjit was imported from the checkout ({normjit.__file__}); "
+                       "take tools/python off PYTHONPATH")
 
 
 def library_or_skip_reason():
