@@ -8,12 +8,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <regex>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "config_grid.hpp"
 #include "driver.hpp"
@@ -157,6 +159,40 @@ TEST_CASE("cli: compile fills the kernel cache; cache list counts it; cache clea
   CHECK(number_after(cleared.output, "removed ") == variants);
   CHECK(count_cubins(kernels) == 0);
   CHECK(number_after(cli("cache list").output, "compiled kernels: ") == 0);
+}
+
+TEST_CASE("cli: --trace and $NORMJIT_TRACE write a Chrome trace of compiles and cubin-cache reads") {
+  Cli cli;
+  const fs::path file = cli.cache_dir() / "trace.json";
+  auto events_of = [&](const std::string& from) {
+    std::ifstream in(file);
+    REQUIRE(in);
+    const nlohmann::json doc = nlohmann::json::parse(in);  // throws (fails) on a damaged file
+    REQUIRE(doc.contains("traceEvents"));
+    REQUIRE(doc["traceEvents"].is_array());
+    int compiles = 0;
+    for (const auto& e : doc["traceEvents"]) {
+      // The Trace Event Format's required fields, as viewers read them.
+      for (const char* k : {"name", "ph", "ts", "pid", "tid", "cat"}) CHECK_MESSAGE(e.contains(k), "event lacks " << k);
+      CHECK(e["ts"].is_number());
+      if (e["ph"] == "X") CHECK(e["dur"].get<double>() >= 0);
+      if (e["cat"] == "compile") {
+        CHECK(e["args"]["arch"] == "sm_90");
+        compiles += e["args"]["from"] == from;
+      }
+    }
+    return compiles;
+  };
+  const CliResult first = cli(fmt::format("--trace '{}' compile --arch sm_90 --shape rms:bf16:64x128 --op fwd", file.string()));
+  REQUIRE_MESSAGE(first.exit_code == 0, first.output);
+  CHECK(events_of("nvrtc") > 0);
+  // Again, through the environment: now every kernel comes from the cubin cache.
+  ::setenv("NORMJIT_TRACE", file.string().c_str(), 1);  // the child inherits it
+  const CliResult again = cli("compile --arch sm_90 --shape rms:bf16:64x128 --op fwd");
+  ::unsetenv("NORMJIT_TRACE");
+  REQUIRE_MESSAGE(again.exit_code == 0, again.output);
+  CHECK(events_of("cubin cache") > 0);
+  CHECK(events_of("nvrtc") == 0);
 }
 
 TEST_CASE("cli: FP8 shapes compile and explain without a GPU; bad FP8 specs exit 2") {

@@ -39,6 +39,7 @@
 #include "kernel_sources.hpp"
 #include "nvrtc.hpp"
 #include "ops.hpp"
+#include "trace.hpp"
 #include "reference.hpp"
 #include "shapes.hpp"
 #include "specialization.hpp"
@@ -682,6 +683,10 @@ int main(int argc, char** argv) {
   std::string cache_dir;
   app.add_flag("-v,--verbose", verbose, "Show tuning progress per candidate");
   app.add_option("--cache-dir", cache_dir, "User cache directory (default $NORMJIT_CACHE_DIR, $XDG_CACHE_HOME/normjit)");
+  std::string trace_file;
+  app.add_option("--trace", trace_file,
+                 "Write a Chrome trace (Trace Event Format JSON) of compiles, cache hits and misses, tuning and "
+                 "launches to this file at exit (as $NORMJIT_TRACE)");
 
   ShapeOptions tune_o, bench_o, compile_o;
   auto* tune = app.add_subcommand("tune", "Autotune shapes on this GPU and store the winners in the user cache");
@@ -759,6 +764,7 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;      // one exit code for every bad command line
   }
 
+  if (!trace_file.empty()) detail::trace::open(trace_file);
   try {
     EngineOptions opt = EngineOptions::from_env();
     if (!cache_dir.empty()) opt.cache_dir = cache_dir;

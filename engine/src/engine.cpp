@@ -18,6 +18,7 @@
 #include "plan.hpp"
 #include "shapes.hpp"
 #include "specialization.hpp"
+#include "trace.hpp"
 #include "tuned_cache.hpp"
 
 namespace normjit {
@@ -129,7 +130,15 @@ struct Engine::Impl {
                      text.c_str());
         if (done == total) std::fprintf(stderr, "\n");
       };
+    trace::Span span("tune", op_label(op, d.norm) + " " + d.str());
     TuneResult r = autotune(op, d, st.info, jit, progress);
+    if (trace::enabled()) {
+      span.args = {{"winner", r.winner.str()}, {"winner_us", fmt::format("{:.2f}", r.winner_us)},
+                   {"candidates", std::to_string(r.candidates.size())}};
+      for (const auto& c : r.candidates)
+        trace::instant("tune", "candidate " + c.config.str(),
+                       {{"us", fmt::format("{:.2f}", c.median_us)}, {"rejected", c.rejected}});
+    }
     st.tuned->store(r.shape_key, TunedEntry{shape_spec(d), tuned_kernel_hash(op, d, r.winner), r.winner, r.winner_us,
                                             utc_now(), r.candidates});
     st.resolved[r.shape_key] = r.winner;
@@ -191,6 +200,12 @@ struct Engine::Impl {
       }
       st.resolved[key] = cfg;
     }
+    if (trace::enabled())
+      trace::instant("config", std::string(s == ConfigSource::UserCache || s == ConfigSource::ShippedCache ||
+                                                   s == ConfigSource::Memory
+                                               ? "cache hit "
+                                               : "cache miss ") + key,
+                     {{"source", config_source_name(s)}, {"config", cfg.str()}});
     if (src) *src = s;
     return cfg;
   }
@@ -308,6 +323,7 @@ void require_backward(const NormDesc& d, const BackwardTensors& t) {
 // See plan.hpp for the path this resolves once.
 std::shared_ptr<const Plan> Engine::Impl::forward_plan(const NormDesc& d, const ForwardTensors& u) {
   constexpr Op op = Op::Forward;
+  trace::Span span("plan", "forward " + d.str());
   auto p = std::make_shared<Plan>();
   p->op = op;
   p->desc = d;
@@ -334,6 +350,7 @@ std::shared_ptr<const Plan> Engine::Impl::forward_plan(const NormDesc& d, const 
 // u = null: a sizing-only plan (backward_workspace_size: no pointers yet).
 std::shared_ptr<const Plan> Engine::Impl::backward_plan(const NormDesc& d, const BackwardTensors* u) {
   constexpr Op op = Op::Backward;
+  trace::Span span("plan", std::string(u ? "backward " : "backward sizing ") + d.str());
   auto p = std::make_shared<Plan>();
   p->op = op;
   p->desc = d;
@@ -373,6 +390,7 @@ void Engine::forward(const NormDesc& d, const ForwardTensors& t, CUstream stream
     p = impl_->forward_plan(d, used_tensors(d, t));
     impl_->store_plan(key, p);
   }
+  if (trace::enabled()) trace::instant("launch", "forward " + p->config.str(), {{"shape", d.str()}});
   try {
     p->forward(used_tensors(d, t), stream);
   } catch (const Error& e) {
@@ -409,6 +427,7 @@ void Engine::backward(const NormDesc& d, const BackwardTensors& t, CUstream stre
                 fmt::format("workspace_bytes = {} is too small: {} needed (backward_workspace_size)", t.workspace_bytes,
                             p->workspace_bytes),
                 op_label(op, d.norm), d.str(), p->config.str());
+  if (trace::enabled()) trace::instant("launch", "backward " + p->config.str(), {{"shape", d.str()}});
   try {
     p->backward(used_tensors(d, t), stream);
   } catch (const Error& e) {

@@ -1,4 +1,5 @@
 #include "jit.hpp"
+#include "trace.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -56,6 +57,8 @@ void write_atomic(const fs::path& p, const std::string& data) {
 }  // namespace
 
 KernelBinary compile_spec(const KernelSpec& spec, const std::string& arch, const std::string& kernel_dir) {
+  trace::Span span("compile", spec.name());
+  span.args["arch"] = arch;
   KernelBinary b;
   b.arch = arch;
   b.cache_key = binary_cache_key(spec, arch);
@@ -64,8 +67,10 @@ KernelBinary compile_spec(const KernelSpec& spec, const std::string& arch, const
   // damaged, another file) is recompiled and replaced, never loaded.
   if (!kernel_dir.empty() && read_file(file, &b.cubin) && cubin_problem(b.cubin, spec.kernel_name()).empty()) {
     b.from_disk = true;
+    span.args["from"] = "cubin cache";
     return b;
   }
+  span.args["from"] = "nvrtc";
   const std::string src = spec.source();
   b.cubin = compile_cubin(src, spec.name() + ".cu", kernel_sources(), nvrtc_options(), spec.kernel_name(), arch).cubin;
   if (!kernel_dir.empty()) write_atomic(file, b.cubin);
@@ -88,6 +93,7 @@ void LoadedKernel::cluster_config(CUlaunchConfig& lc, CUlaunchAttribute& at, uns
 }
 
 LoadedKernel::LoadedKernel(const KernelSpec& spec, const KernelBinary& bin) : spec_(spec) {
+  trace::Span span("load", spec.name());
   NJ_CU(cuModuleLoadData(&mod_, bin.cubin.data()));
   try {
     NJ_CU(cuModuleGetFunction(&fn_, mod_, spec.kernel_name()));
