@@ -195,6 +195,25 @@ TEST_CASE("cli: --trace and $NORMJIT_TRACE write a Chrome trace of compiles and 
   CHECK(events_of("nvrtc") == 0);
 }
 
+TEST_CASE("cli: NORMJIT_OFFLINE=1 never compiles: a kernel missing from the cache is an error naming it") {
+  Cli cli;
+  const std::string args = "compile --arch sm_90 --shape rms:bf16:64x128 --op fwd";
+  ::setenv("NORMJIT_OFFLINE", "1", 1);
+  const CliResult offline = cli(args);
+  ::unsetenv("NORMJIT_OFFLINE");
+  CAPTURE(offline.output);
+  CHECK(offline.exit_code != 0);
+  CHECK(contains(offline.output, "NORMJIT_OFFLINE=1: kernel rms_fwd"));
+  CHECK(contains(offline.output, "is not in the kernel cache"));
+  CHECK(count_cubins(cli.cache_dir() / "kernels") == 0);  // nothing was compiled
+  REQUIRE(cli(args).exit_code == 0);                       // compiled ahead ...
+  ::setenv("NORMJIT_OFFLINE", "1", 1);
+  const CliResult cached = cli(args);                      // ... then served offline
+  ::unsetenv("NORMJIT_OFFLINE");
+  CAPTURE(cached.output);
+  CHECK(cached.exit_code == 0);
+}
+
 TEST_CASE("cli: FP8 shapes compile and explain without a GPU; bad FP8 specs exit 2") {
   Cli cli;
   const char* spec = "rms:bf16:4096x7168:quant=e4m3/group128:colmajor";

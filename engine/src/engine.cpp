@@ -195,6 +195,12 @@ struct Engine::Impl {
         cfg = x.config;
         s = x.source;
       } else {
+        if (offline_mode())
+          throw Error(ErrorKind::Cache,
+                      fmt::format("NORMJIT_OFFLINE=1: {} has no tuned entry in the caches and tuning is off (tune "
+                                  "policy '{}'): ship a tuned cache holding it, or use NORMJIT_TUNE=never",
+                                  key, opt.tune_policy == TunePolicy::Always ? "always" : "first"),
+                      op_label(op, d.norm), d.str());
         cfg = tune_and_store(st, op, d).winner;
         s = ConfigSource::Tuned;
       }
@@ -232,6 +238,8 @@ ConfigExplanation Engine::explain(Op op, const NormDesc& d, bool skip_exact) {
 
 TuneResult Engine::tune(Op op, const NormDesc& d) {
   d.validate();
+  if (offline_mode())
+    throw Error(ErrorKind::Cache, "NORMJIT_OFFLINE=1: tuning is off", op_label(op, d.norm), d.str());
   if (d.M == 0) throw Error(ErrorKind::InvalidArgument, "M = 0: nothing to tune", op_label(op, d.norm), d.str());
   std::lock_guard<std::mutex> lk(impl_->mu);
   return impl_->tune_and_store(impl_->state(), op, d);

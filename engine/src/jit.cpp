@@ -1,4 +1,6 @@
 #include "jit.hpp"
+
+#include <cstdlib>
 #include "trace.hpp"
 
 #include <fcntl.h>
@@ -56,6 +58,11 @@ void write_atomic(const fs::path& p, const std::string& data) {
 
 }  // namespace
 
+bool offline_mode() {
+  const char* v = std::getenv("NORMJIT_OFFLINE");
+  return v && std::string(v) == "1";
+}
+
 KernelBinary compile_spec(const KernelSpec& spec, const std::string& arch, const std::string& kernel_dir) {
   trace::Span span("compile", spec.name());
   span.args["arch"] = arch;
@@ -70,6 +77,11 @@ KernelBinary compile_spec(const KernelSpec& spec, const std::string& arch, const
     span.args["from"] = "cubin cache";
     return b;
   }
+  if (offline_mode())
+    throw Error(ErrorKind::Cache,
+                fmt::format("NORMJIT_OFFLINE=1: kernel {} for {} is not in the kernel cache {} (compile it ahead: "
+                            "normjit compile, with the same engine and NVRTC)",
+                            spec.name(), arch, kernel_dir.empty() ? std::string("(none: disk cache off)") : file.string()));
   span.args["from"] = "nvrtc";
   const std::string src = spec.source();
   b.cubin = compile_cubin(src, spec.name() + ".cu", kernel_sources(), nvrtc_options(), spec.kernel_name(), arch).cubin;

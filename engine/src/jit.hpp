@@ -28,6 +28,11 @@ struct KernelBinary {
 /// spec's generated source, NVRTC options and version, arch, engine version.
 std::string binary_cache_key(const KernelSpec& spec, const std::string& arch);
 
+/// Whether $NORMJIT_OFFLINE=1: a deployment that promises never to compile
+/// or tune. compile_spec then serves the kernel cache only, and the engine
+/// never tunes; either need throws Error(Cache) naming what is missing.
+bool offline_mode();
+
 /// Compiles `spec` for `arch`, or reads it from `<kernel_dir>/<key>.cubin`
 /// (kernel_dir empty: no disk cache). New cubins are written atomically.
 KernelBinary compile_spec(const KernelSpec& spec, const std::string& arch, const std::string& kernel_dir);
