@@ -161,8 +161,6 @@ struct Engine::Impl {
     if (plans.size() >= kMaxPlans) plans.clear();
     plans.emplace(k, std::move(p));
   }
-  std::shared_ptr<const Plan> forward_plan(const NormDesc& d, const ForwardTensors& u);
-  std::shared_ptr<const Plan> backward_plan(const NormDesc& d, const BackwardTensors* u);
 
   /// What a call needs to launch: the resolved config and the device's facts.
   struct Launch {
@@ -172,6 +170,9 @@ struct Engine::Impl {
     ConfigSource source = ConfigSource::Heuristic;
   };
   Launch prepare(Op op, const NormDesc& d);
+  Launch begin_plan(Plan& p, Op op, const NormDesc& d);
+  std::shared_ptr<const Plan> forward_plan(const NormDesc& d, const ForwardTensors& u);
+  std::shared_ptr<const Plan> backward_plan(const NormDesc& d, const BackwardTensors* u);
   /// Rethrows `e` (being handled) with op, shape and config attached.
   [[noreturn]] static void attach_context(const Error& e, Op op, const NormDesc& d, const LaunchConfig& cfg);
 
@@ -328,18 +329,24 @@ void require_backward(const NormDesc& d, const BackwardTensors& t) {
 }
 }  // namespace
 
-// See plan.hpp for the path this resolves once.
+// See plan.hpp for the path this resolves once. The config, from the caches,
+// tuning or the heuristic, and what it came from.
+Engine::Impl::Launch Engine::Impl::begin_plan(Plan& p, Op op, const NormDesc& d) {
+  p.op = op;
+  p.desc = d;
+  const Launch l = prepare(op, d);
+  p.resolved = p.config = l.cfg;
+  p.source = l.source;
+  p.shape_key = shape_key(op, d);
+  return l;
+}
+
 std::shared_ptr<const Plan> Engine::Impl::forward_plan(const NormDesc& d, const ForwardTensors& u) {
   constexpr Op op = Op::Forward;
   trace::Span span("plan", "forward " + d.str());
   auto p = std::make_shared<Plan>();
-  p->op = op;
-  p->desc = d;
   try {
-    const Launch l = prepare(op, d);
-    p->resolved = p->config = l.cfg;
-    p->source = l.source;
-    p->shape_key = shape_key(op, d);
+    const Launch l = begin_plan(*p, op, d);
     p->config = fit_alignment(l.cfg, op, d,
                               {{u.x, d.x_dtype}, {u.y, d.y_dtype}, {u.weight, d.weight_dtype}, {u.bias, d.weight_dtype},
                                {u.residual, d.residual_dtype}, {u.residual_out, d.residual_out_dtype},
@@ -360,13 +367,8 @@ std::shared_ptr<const Plan> Engine::Impl::backward_plan(const NormDesc& d, const
   constexpr Op op = Op::Backward;
   trace::Span span("plan", std::string(u ? "backward " : "backward sizing ") + d.str());
   auto p = std::make_shared<Plan>();
-  p->op = op;
-  p->desc = d;
   try {
-    const Launch l = prepare(op, d);
-    p->resolved = p->config = l.cfg;
-    p->source = l.source;
-    p->shape_key = shape_key(op, d);
+    const Launch l = begin_plan(*p, op, d);
     // The grid (and so the workspace) comes from the resolved config, the
     // kernel from the one that fits the pointers' alignment.
     p->geometry = backward_geometry(*jit.get(make_spec(op, d, l.cfg), l.arch), d, l.cfg, l.sm_count);
