@@ -522,9 +522,10 @@ def rms_norm(x, normalized_shape, weight=None, eps=None, *, weight_offset=0.0, c
     value), normjit.NormjitError when the engine fails.
     """
     if _NORM_FWD is not None:
+        # _op_forward inlined: the most frequent call saves a Python frame.
         try:
             return (_NORM_FWD if _is_compiling() else _NORM_FWD_RAW)(
-                x, None, weight, None, 0, (normalized_shape,) if type(normalized_shape) is int else normalized_shape,
+                x, None, weight, None, _capi.NORM_RMS, (normalized_shape,) if type(normalized_shape) is int else normalized_shape,
                 _EPS[x.dtype] if eps is None else eps, weight_offset, _CAST_MODES[cast_mode], 0)[0]
         except _OP_ERRORS as e:
             _op_failed(e, _capi.NORM_RMS, x, None, normalized_shape, weight, None, eps, weight_offset, cast_mode,
@@ -544,7 +545,7 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, weight_
     if _NORM_FWD is not None:
         try:
             return (_NORM_FWD if _is_compiling() else _NORM_FWD_RAW)(
-                x, None, weight, bias, 1, (normalized_shape,) if type(normalized_shape) is int else normalized_shape,
+                x, None, weight, bias, _capi.NORM_LAYER, (normalized_shape,) if type(normalized_shape) is int else normalized_shape,
                 eps, weight_offset, _CAST_MODES[cast_mode], 0)[0]
         except _OP_ERRORS as e:
             _op_failed(e, _capi.NORM_LAYER, x, None, normalized_shape, weight, bias, eps, weight_offset, cast_mode,
