@@ -329,7 +329,10 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     float var = s[0] * inv_n;
     if constexpr (S::LAYERNORM) {
       m = s[1] * inv_n;
-      var = fmaxf(var - m * m, 0.f);
+      // Clamp rounding below 0, keep NaN (fmaxf would turn a NaN row's
+      // variance into 0 and its rstd into 1/sqrt(eps)).
+      var -= m * m;
+      var = var < 0.f ? 0.f : var;
     }
     rstd = rsqrtf(var + a.eps);
     // y of chunk c in fp32 (quantized variants).

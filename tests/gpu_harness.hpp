@@ -4,16 +4,25 @@
 
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "autotune.hpp"
+#include "config_grid.hpp"
 #include "driver.hpp"
 #include "host_dtype.hpp"
+#include "jit.hpp"
 #include "reference.hpp"
+#include "specialization.hpp"
 
 namespace normjit::test {
 
@@ -60,6 +69,92 @@ struct GpuContext {
 #define GPU_TEST_CASE(name) TEST_CASE_FIXTURE(::normjit::test::GpuContext, name)
 
 namespace normjit::test {
+
+/// The suite's one directory of compiled kernels, shared by every Engine and
+/// KernelCache of the process (a kernel two cases need is compiled once):
+/// $NORMJIT_TEST_KERNEL_DIR if set (kept, e.g. to iterate on a test with
+/// the kernels already compiled), else a fresh empty directory removed at
+/// exit, so a run compiles every kernel it launches from scratch.
+inline const std::string& suite_kernel_dir() {
+  struct Dir {
+    std::string path;
+    bool owned = false;
+    Dir() {
+      if (const char* e = std::getenv("NORMJIT_TEST_KERNEL_DIR"); e && *e) {
+        path = e;
+      } else {
+        path = (std::filesystem::temp_directory_path() / fmt::format("normjit-gpu-kernels-{}", ::getpid())).string();
+        std::filesystem::remove_all(path);
+        owned = true;
+      }
+      std::filesystem::create_directories(path);
+    }
+    ~Dir() {
+      std::error_code ec;
+      if (owned) std::filesystem::remove_all(path, ec);
+    }
+  };
+  static const Dir dir;
+  return dir.path;
+}
+
+/// Engine options for a test engine: its own tuned-config cache under
+/// `tag` (tests never read or write the user's), the suite's kernels.
+inline EngineOptions suite_engine_options(const std::string& tag, TunePolicy policy = TunePolicy::Never) {
+  EngineOptions o;
+  o.tune_policy = policy;
+  o.cache_dir = (std::filesystem::temp_directory_path() / fmt::format("normjit-gpu-{}-{}", tag, ::getpid())).string();
+  o.kernel_dir = suite_kernel_dir();
+  return o;
+}
+
+/// Compiles `specs` (duplicates skipped) into the suite's kernel directory,
+/// on every core: a case compiles what it will launch first, so its launches
+/// only load cubins.
+inline void compile_all(const std::vector<KernelSpec>& specs) {
+  const std::string arch = device_info(current_device()).arch();
+  std::vector<KernelSpec> todo;
+  std::set<std::string> seen;
+  for (const auto& s : specs)
+    if (seen.insert(s.name()).second) todo.push_back(s);
+  parallel_for(static_cast<int>(todo.size()),
+               [&](int i) { compile_spec(todo[i], arch, suite_kernel_dir()); });
+}
+
+/// One engine call a case will make: x, y, weight (dy, dx) start `offset`
+/// elements past an aligned address.
+struct Call {
+  Op op;
+  NormDesc desc;
+  std::int64_t offset = 0;
+};
+
+/// Compiles the kernels `e` will launch for `calls` (the configs it resolves
+/// now, fitted to the calls' alignment as the engine fits them; the
+/// backward's finalize kernel), in parallel.
+inline void precompile_calls(Engine& e, const std::vector<Call>& calls) {
+  std::vector<KernelSpec> specs;
+  for (const auto& c : calls) {
+    const NormDesc& d = c.desc;
+    if (d.M == 0) continue;
+    const LaunchConfig cfg = e.config_for(c.op, d);
+    specs.push_back(make_spec(c.op, d, cfg));
+    auto at = [&](DType t) {
+      return reinterpret_cast<const void*>(static_cast<std::uintptr_t>((1u << 20) + c.offset * dtype_size(t)));
+    };
+    const std::vector<std::pair<const void*, DType>> ptrs =
+        c.op == Op::Forward ? std::vector<std::pair<const void*, DType>>{{at(d.x_dtype), d.x_dtype},
+                                                                         {at(d.y_dtype), d.y_dtype},
+                                                                         {at(d.weight_dtype), d.weight_dtype}}
+                            : std::vector<std::pair<const void*, DType>>{{at(d.dy_dtype()), d.dy_dtype()},
+                                                                         {at(d.normed_dtype()), d.normed_dtype()},
+                                                                         {at(d.weight_dtype), d.weight_dtype},
+                                                                         {at(d.dx_dtype()), d.dx_dtype()}};
+    specs.push_back(make_spec(c.op, d, fit_alignment(cfg, c.op, d, ptrs, row_strides(c.op, d))));
+    if (c.op == Op::Backward) specs.push_back(finalize_spec(d));
+  }
+  compile_all(specs);
+}
 
 /// A fresh seed per case (printed on failure through CAPTURE by callers).
 inline std::uint64_t fresh_seed() {

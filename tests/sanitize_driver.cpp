@@ -15,7 +15,10 @@
 //   normjit_sanitize --all [options]             every case (of --quick's sample)
 //   normjit_sanitize --probe [options]           one small launch (can a sanitizer attach?)
 // options: --quick, --no-poison (leave outputs uninitialised, for initcheck),
-//          --cache-dir DIR (compiled kernels; shared between runs, default a temp dir)
+//          --cache-dir DIR (compiled kernels; shared between runs, default a temp dir),
+//          --max-cluster C (skip configs of larger clusters: synccheck fails on
+//          clusters of 16 that run in waves, a kernel with no normjit code included;
+//          tools/repro/cluster_st_async.cu)
 // Exit codes: 0 ok, 1 a mismatch or an error, 2 bad usage, 77 no GPU.
 #include <unistd.h>
 
@@ -139,6 +142,7 @@ std::vector<LaunchConfig> configs_for(Op op, const NormDesc& d, int max_cluster,
 struct Options {
   bool quick = false, poison = true;
   std::string cache_dir;
+  int max_cluster = 0;  // 0: the device's
 };
 
 // Fills the elements of `t`'s allocation that lie between its rows (which no
@@ -169,7 +173,7 @@ void fresh_outputs(Scratch& s, bool poison) {
 }
 
 // Compares the outputs with the reference; prints and counts mismatches.
-int compare(const Scratch& s, const HostTensors& ref, const std::string& what) {
+int compare(const Scratch& s, const Reference& ref, const std::string& what) {
   int bad = 0;
   for (const auto& c : compare_outputs(s, ref))
     if (!c.ok()) {
@@ -193,8 +197,9 @@ Engine& engine(const Options& o) {
 int run_case(const Case& c, const Options& o, const DeviceInfo& dev, KernelCache& jit) {
   const NormDesc d = desc_of(c);
   int bad = 0;
+  const int max_cluster = o.max_cluster > 0 ? std::min(o.max_cluster, dev.max_cluster) : dev.max_cluster;
   for (Op op : ops_of(c)) {
-    const auto cfgs = configs_for(op, d, dev.max_cluster, o.quick);
+    const auto cfgs = configs_for(op, d, max_cluster, o.quick);
     // Compiled in parallel into the disk cache first (a plain run fills it
     // for the sanitizer runs that follow).
     std::vector<KernelSpec> specs;
@@ -204,7 +209,7 @@ int run_case(const Case& c, const Options& o, const DeviceInfo& dev, KernelCache
                  [&](int i) { compile_spec(specs[i], dev.arch(), jit.kernel_dir()); });
 
     Scratch s(op, d, 0x5a417e00u + static_cast<std::uint64_t>(d.N));
-    const HostTensors ref = reference_outputs(op, d, s);
+    const Reference ref = reference_outputs(op, d, s);
     const auto fin = op == Op::Backward ? jit.get(finalize_spec(d), dev.arch()) : nullptr;
     int ran = 0, skipped = 0;
     for (const auto& cfg : cfgs) {
@@ -214,6 +219,9 @@ int run_case(const Case& c, const Options& o, const DeviceInfo& dev, KernelCache
         continue;
       }
       fresh_outputs(s, o.poison);
+      // Printed before the launch: a run the sanitizer ends names its config.
+      fmt::print("launch {} {} {}\n", c.name, op_name(op), cfg.str());
+      std::fflush(stdout);
       if (op == Op::Forward) {
         launch_forward(*k, d, s.forward_tensors(), dev.sm_count, nullptr);
       } else {
@@ -226,18 +234,24 @@ int run_case(const Case& c, const Options& o, const DeviceInfo& dev, KernelCache
       ++ran;
     }
     // The engine's own path: its config (tuned cache or heuristic) and its
-    // alignment fitting.
-    fresh_outputs(s, o.poison);
-    if (op == Op::Forward) {
-      engine(o).forward(d, s.forward_tensors(), nullptr);
-    } else {
-      s.workspace = DeviceBuffer(engine(o).backward_workspace_size(d));
-      engine(o).backward(d, s.backward_tensors(), nullptr);
+    // alignment fitting (unless its config's cluster is past --max-cluster).
+    const bool engine_ran = engine(o).config_for(op, d).cluster <= max_cluster;
+    if (engine_ran) {
+      fresh_outputs(s, o.poison);
+      fmt::print("launch {} {} engine\n", c.name, op_name(op));
+      std::fflush(stdout);
+      if (op == Op::Forward) {
+        engine(o).forward(d, s.forward_tensors(), nullptr);
+      } else {
+        s.workspace = DeviceBuffer(engine(o).backward_workspace_size(d));
+        engine(o).backward(d, s.backward_tensors(), nullptr);
+      }
+      NJ_CU(cuCtxSynchronize());
+      bad += compare(s, ref, fmt::format("{} {} engine", c.name, op_name(op)));
     }
-    NJ_CU(cuCtxSynchronize());
-    bad += compare(s, ref, fmt::format("{} {} engine", c.name, op_name(op)));
-    fmt::print("{} {} {}: {} configs of {} ran (+ the engine's call), {} not launchable\n", c.name, op_name(op),
-               d.str(), ran, candidate_grid(op, d, dev.max_cluster).size(), skipped);
+    fmt::print("{} {} {}: {} configs of {} ran ({}), {} not launchable{}\n", c.name, op_name(op), d.str(), ran,
+               candidate_grid(op, d, dev.max_cluster).size(), engine_ran ? "+ the engine's call" : "not the engine's call",
+               skipped, max_cluster < dev.max_cluster ? fmt::format(", clusters of at most {}", max_cluster) : "");
     std::fflush(stdout);
   }
   return bad;

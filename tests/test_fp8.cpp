@@ -1,7 +1,9 @@
 // FP8 conversions of kernels_src/fp8.cuh, compiled for the host: every code
 // decodes to the OCP value; encoding rounds to nearest even against a float64
 // reference (at every midpoint, just either side, random values), saturates,
-// keeps NaN; the header compiles with NVRTC for sm_80 and sm_90.
+// keeps NaN; the header compiles with NVRTC for sm_80 and sm_90; the bounds
+// the GPU tests hold quantized outputs to pass an fp32 computation and fail
+// one code or one scale off.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -14,6 +16,8 @@
 #include "fp8.cuh"
 #include "kernel_sources.hpp"
 #include "nvrtc.hpp"
+#include "reference.hpp"
+#include "shapes.hpp"
 #include "specialization.hpp"
 
 namespace {
@@ -154,5 +158,95 @@ TEST_CASE("fp8: the kernels' scale rules equal the float64 reference's formulas"
   for (int e = -127; e <= 127; ++e) {
     CAPTURE(e);
     CHECK(static_cast<double>(nj::fp8_exp2i(e)) == std::ldexp(1.0, e));
+  }
+}
+
+// ---- quant_bounds: the bounds the GPU tests hold quantized outputs to --------
+
+namespace {
+
+using normjit::DType;
+using normjit::NormDesc;
+using normjit::detail::HostTensors;
+
+// A kernel's arithmetic in fp32 on the host (one order the bounds allow):
+// statistics, y, amax per group, scale, q = fp8(y * (1 / scale)).
+struct Fp32Run {
+  std::vector<float> rstd, mean, scale, q;
+};
+
+Fp32Run fp32_forward(const NormDesc& d, const HostTensors& in) {
+  const bool ln = d.norm == normjit::NormKind::LayerNorm;
+  const std::size_t M = d.M, N = d.N, G = d.quant == normjit::QuantScaling::Group ? d.quant_group : N;
+  const float fmax = normjit::fp8_max(d.y_dtype);
+  const auto f8 = d.y_dtype == DType::E4M3 ? nj::kE4M3 : nj::kE5M2;
+  Fp32Run r;
+  std::vector<float> y(N);
+  for (std::size_t i = 0; i < M; ++i) {
+    float s = 0, s2 = 0;
+    for (std::size_t j = 0; j < N; ++j) s += static_cast<float>(in.at("x")[i * N + j]);
+    const float mu = ln ? s / N : 0.f;
+    for (std::size_t j = 0; j < N; ++j) {
+      const float c = static_cast<float>(in.at("x")[i * N + j]) - mu;
+      s2 += c * c;
+    }
+    const float rs = 1.f / std::sqrt(s2 / N + d.eps);
+    r.rstd.push_back(rs);
+    r.mean.push_back(mu);
+    for (std::size_t j = 0; j < N; ++j) {
+      y[j] = (static_cast<float>(in.at("x")[i * N + j]) - mu) * rs * static_cast<float>(in.at("weight")[j]);
+      if (ln) y[j] += static_cast<float>(in.at("bias")[j]);
+    }
+    for (std::size_t g = 0; g < N / G; ++g) {
+      float a = 0;
+      for (std::size_t j = g * G; j < (g + 1) * G; ++j) a = std::fmax(a, std::fabs(y[j]));
+      const float sc = nj::fp8_scale_of(a, fmax), inv = 1.f / sc;
+      r.scale.push_back(sc);
+      for (std::size_t j = g * G; j < (g + 1) * G; ++j) r.q.push_back(nj::fp8_to_fp32(nj::fp32_to_fp8(y[j] * inv, f8), f8));
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("fp8: quant_bounds accept an fp32 kernel's q and scales, and reject a code or a scale off") {
+  using namespace normjit::detail;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  for (const char* spec : {"rms:bf16:16x1024:quant=e4m3/token", "ln:bf16:16x1024:quant=e5m2/token",
+                           "rms:bf16:16x1024:quant=e4m3/group128", "ln:bf16:16x1024:quant=e5m2/group64"}) {
+    CAPTURE(spec);
+    const NormDesc d = parse_shape_spec(spec).desc;
+    HostTensors in;
+    for (int k = 0; k < 16 * 1024; ++k) in["x"].push_back(round_as(DType::BF16, u(rng)));
+    for (int j = 0; j < 1024; ++j) in["weight"].push_back(round_as(DType::BF16, 1.f + u(rng) / 4));
+    if (d.norm == normjit::NormKind::LayerNorm)
+      for (int j = 0; j < 1024; ++j) in["bias"].push_back(round_as(DType::BF16, u(rng) / 4));
+    const Fp32Run run = fp32_forward(d, in);
+    const auto bounds = [&](const std::vector<float>& scale) {
+      return quant_bounds(d, in, run.rstd, d.norm == normjit::NormKind::LayerNorm ? run.mean : std::vector<float>{},
+                          scale);
+    };
+    const QuantBounds qb = bounds(run.scale);
+    CHECK(count_outside(run.scale, qb.scale_lo, qb.scale_hi) == 0);
+    CHECK(count_codes_outside(d.y_dtype, run.q, qb, d.M, d.N, false) == 0);
+    // A scale 1e-5 off (about 170 fp32 units) is outside its bound.
+    std::vector<float> bad_scale = run.scale;
+    bad_scale[3] *= 1.00001f;
+    CHECK(count_outside(bad_scale, qb.scale_lo, qb.scale_hi) == 1);
+    // The largest |q| of row 0 one code nearer zero is outside its range.
+    std::vector<float> bad_q = run.q;
+    std::size_t k = 0;
+    for (std::size_t j = 0; j < static_cast<std::size_t>(d.N); ++j)
+      if (std::fabs(bad_q[j]) > std::fabs(bad_q[k])) k = j;
+    const auto f8 = d.y_dtype == DType::E4M3 ? nj::kE4M3 : nj::kE5M2;
+    const unsigned code = nj::fp32_to_fp8(bad_q[k], f8);
+    bad_q[k] = nj::fp8_to_fp32(static_cast<unsigned char>((code & 0x7f) > 0 ? code - 1 : code + 1), f8);
+    CHECK(count_codes_outside(d.y_dtype, bad_q, qb, d.M, d.N, false) == 1);
+    // A NaN where a number is due, and a number where NaN is due, fail.
+    bad_q = run.q;
+    bad_q[5] = NAN;
+    CHECK(count_codes_outside(d.y_dtype, bad_q, qb, d.M, d.N, false) == 1);
   }
 }

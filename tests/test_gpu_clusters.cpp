@@ -1,13 +1,16 @@
 // Rows split over a thread-block cluster (sm_90+) against the float64
 // reference: RMSNorm and LayerNorm, forward and backward, every dtype, N
-// from 16K to 256K (odd N included), M = 1, 3 and 1000 (160 instead of 1000
-// for N > 65536, to keep the float64 reference quick), each cluster size the
-// grid offers and a staged config of each; outputs poisoned first, so an
-// element no CTA wrote fails.
+// from 16K to 256K (odd N included). Decode rows (M = 1, 3) run every
+// cluster size the grid offers; more rows (M = 37, more than the clusters of
+// the largest size resident at once, so the persistent backward loops) run
+// the largest size and a staged config. Outputs poisoned first, so an
+// element no CTA wrote fails. Dtypes and norms rotate over the N: each
+// pairing once, not the full product (the code paths, not the volume).
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "check.hpp"
 #include "config_grid.hpp"
@@ -17,14 +20,13 @@
 
 using namespace normjit;
 using namespace normjit::test;
-using normjit_test::make_temp_dir;
 
 namespace {
 
-// The configs to run for `d`: the heuristic's, and the simplest of each
-// cluster size, and the last staged cluster config (all of them for small
-// M; the largest and the staged one for large M).
-std::vector<LaunchConfig> cluster_configs(Op op, const NormDesc& d, int max_cluster) {
+// The configs to run for `d`: the heuristic's, the simplest of each cluster
+// size and the last staged cluster config (`every_size`), or the largest
+// size's and the staged one.
+std::vector<LaunchConfig> cluster_configs(Op op, const NormDesc& d, int max_cluster, bool every_size) {
   std::map<int, LaunchConfig> first;
   const auto grid = candidate_grid(op, d, max_cluster);
   for (const auto& c : grid)
@@ -40,62 +42,128 @@ std::vector<LaunchConfig> cluster_configs(Op op, const NormDesc& d, int max_clus
   for (const auto& [cl, c] : first)
     if (cl < 100) largest = cl;
   for (const auto& [cl, c] : first)
-    if ((d.M <= 3 || cl == 100 || cl == largest) && std::find(out.begin(), out.end(), c) == out.end())
+    if ((every_size || cl == 100 || cl == largest) && std::find(out.begin(), out.end(), c) == out.end())
       out.push_back(c);
   return out;
 }
 
+struct ClusterRun {
+  NormDesc desc;
+  Op op;
+  std::vector<LaunchConfig> configs;
+};
+
+// The shapes of one case: N over 16K..256K, M from `rows`, dtype and norm
+// rotating.
+std::vector<ClusterRun> cluster_runs(const std::vector<std::int64_t>& rows, bool every_size, int max_cluster) {
+  const DType dtypes[] = {DType::F32, DType::F16, DType::BF16};
+  std::vector<ClusterRun> runs;
+  int k = 0;
+  for (std::int64_t N : {16384, 20000, 65536, 100003, 262144})
+    for (NormKind norm : {NormKind::RMSNorm, NormKind::LayerNorm}) {
+      const DType t = dtypes[k % 3];
+      const std::int64_t M = rows[k % rows.size()];
+      ++k;
+      NormDesc d = normjit_test::make_desc(M, N, t, t);
+      d.norm = norm;
+      if (norm == NormKind::LayerNorm) {
+        d.has_bias = true;
+        d.eps = 1e-5f;
+      }
+      for (Op op : {Op::Forward, Op::Backward}) runs.push_back({d, op, cluster_configs(op, d, max_cluster, every_size)});
+    }
+  return runs;
+}
+
+// Cluster sizes (100: a staged cluster config) launched, and those of
+// configs the device could not launch (pruned as the tuner prunes them).
+struct Launched {
+  std::set<int> ran, pruned;
+};
+
+// Runs every config of `runs` against float64.
+Launched check_cluster_runs(const std::vector<ClusterRun>& runs) {
+  const DeviceInfo dev = device_info(current_device());
+  KernelCache jit(suite_kernel_dir());
+  {
+    std::vector<KernelSpec> specs;
+    for (const auto& r : runs) {
+      for (const auto& cfg : r.configs) specs.push_back(make_spec(r.op, r.desc, cfg));
+      if (r.op == Op::Backward) specs.push_back(finalize_spec(r.desc));
+    }
+    compile_all(specs);
+  }
+  Launched launched;
+  for (const auto& r : runs) {
+    const NormDesc& d = r.desc;
+    const std::uint64_t seed = fresh_seed();
+    CAPTURE(d.str());
+    CAPTURE(op_name(r.op));
+    CAPTURE(seed);
+    Scratch s(r.op, d, seed);
+    const Reference ref = reference_outputs(r.op, d, s);
+    auto fin = jit.get(finalize_spec(d), dev.arch());
+    for (const auto& cfg : r.configs) {
+      CAPTURE(cfg.str());
+      auto k = jit.get(make_spec(r.op, d, cfg), dev.arch());
+      const int size = cfg.stages > 0 && cfg.cluster > 1 ? 100 : cfg.cluster;
+      if (k->local_bytes > 0 || k->blocks_per_sm < 1) {  // the tuner prunes these too
+        launched.pruned.insert(size);
+        continue;
+      }
+      s.poison();
+      if (r.op == Op::Forward) {
+        launch_forward(*k, d, s.forward_tensors(), dev.sm_count, nullptr);
+      } else {
+        const Geometry g = backward_geometry(*k, d, cfg, dev.sm_count);
+        s.workspace = DeviceBuffer(std::max<std::size_t>(16, backward_workspace_bytes(g, d)));
+        launch_backward(*k, *fin, d, s.backward_tensors(), g, nullptr);
+      }
+      for (const auto& c : compare_outputs(s, ref)) {
+        CAPTURE(c.name);
+        CHECK(c.err <= c.tol);
+      }
+      launched.ran.insert(size);
+    }
+  }
+  return launched;
+}
+
+bool clusters_available() {
+  const DeviceInfo dev = device_info(current_device());
+  if (dev.max_cluster >= 2) return true;
+  MESSAGE("skipped: " << dev.name << " launches no thread-block clusters (sm_90+ only)");
+  return false;
+}
+
 }  // namespace
 
-GPU_TEST_CASE("clusters: wide rows split over a cluster match float64 (RMSNorm, LayerNorm, every dtype)") {
-  const DeviceInfo dev = device_info(current_device());
-  if (dev.max_cluster < 2) {
-    MESSAGE("skipped: " << dev.name << " launches no thread-block clusters (sm_90+ only)");
-    return;
+GPU_TEST_CASE("clusters: decode rows over every cluster size match float64 (RMSNorm, LayerNorm, every dtype)" *
+              doctest::test_suite("quick")) {
+  if (!clusters_available()) return;
+  const int max_cluster = device_info(current_device()).max_cluster;
+  const auto runs = cluster_runs({1, 3}, true, max_cluster);
+  const Launched launched = check_cluster_runs(runs);
+  // Every cluster size some grid of these shapes offers, and a staged one,
+  // ran (or could not launch on this device at all).
+  std::set<int> offered = {100};
+  for (const auto& r : runs)
+    for (const auto& c : candidate_grid(r.op, r.desc, max_cluster))
+      if (c.cluster > 1) offered.insert(c.cluster);
+  std::string sizes;
+  for (int c : launched.ran) sizes += " " + std::to_string(c);
+  MESSAGE("cluster sizes launched (100: staged):" << sizes);
+  for (int c : offered) {
+    CAPTURE(c);
+    CHECK((launched.ran.count(c) || launched.pruned.count(c)));
+    if (!launched.ran.count(c)) MESSAGE("cluster size " << c << ": no config of it could launch here");
   }
-  const auto kdir = make_temp_dir("cluster-kernels");
-  KernelCache jit(kdir->string());
-  int runs = 0, clustered = 0;
-  for (std::int64_t N : {16384, 20000, 65536, 100003, 262144})
-    for (std::int64_t M : {std::int64_t{1}, std::int64_t{3}, N > 65536 ? std::int64_t{160} : std::int64_t{1000}})
-      for (DType t : {DType::F32, DType::F16, DType::BF16})
-        for (NormKind norm : {NormKind::RMSNorm, NormKind::LayerNorm}) {
-          NormDesc d = normjit_test::make_desc(M, N, t, t);
-          d.norm = norm;
-          if (norm == NormKind::LayerNorm) {
-            d.has_bias = true;
-            d.eps = 1e-5f;
-          }
-          for (Op op : {Op::Forward, Op::Backward}) {
-            const std::uint64_t seed = fresh_seed();
-            CAPTURE(d.str());
-            CAPTURE(op_name(op));
-            CAPTURE(seed);
-            const auto configs = cluster_configs(op, d, dev.max_cluster);
-            Scratch s(op, d, seed);
-            const HostTensors ref = reference_outputs(op, d, s);
-            auto fin = jit.get(finalize_spec(d), dev.arch());
-            for (const auto& cfg : configs) {
-              CAPTURE(cfg.str());
-              auto k = jit.get(make_spec(op, d, cfg), dev.arch());
-              if (k->local_bytes > 0 || k->blocks_per_sm < 1) continue;  // the tuner prunes these too
-              s.poison();
-              if (op == Op::Forward) {
-                launch_forward(*k, d, s.forward_tensors(), dev.sm_count, nullptr);
-              } else {
-                const Geometry g = backward_geometry(*k, d, cfg, dev.sm_count);
-                s.workspace = DeviceBuffer(std::max<std::size_t>(16, backward_workspace_bytes(g, d)));
-                launch_backward(*k, *fin, d, s.backward_tensors(), g, nullptr);
-              }
-              for (const auto& c : compare_outputs(s, ref)) {
-                CAPTURE(c.name);
-                CHECK(c.err <= c.tol);
-              }
-              ++runs;
-              clustered += cfg.cluster > 1;
-            }
-          }
-        }
-  MESSAGE(runs << " launches checked, " << clustered << " of them on clusters");
-  CHECK(clustered > 100);
+}
+
+GPU_TEST_CASE("clusters: more rows than resident clusters match float64 (the largest size, staged)") {
+  if (!clusters_available()) return;
+  const int max_cluster = device_info(current_device()).max_cluster;
+  const Launched launched = check_cluster_runs(cluster_runs({37}, false, max_cluster));
+  CHECK(launched.ran.count(100) == 1);
+  CHECK(launched.ran.size() >= 2);
 }

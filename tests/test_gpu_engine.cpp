@@ -2,6 +2,8 @@
 // tuning, the tune policies and the tuned-config cache on a real device.
 #include <doctest/doctest.h>
 
+#include <chrono>
+
 #include "autotune.hpp"
 #include "config_grid.hpp"
 #include "gpu_harness.hpp"
@@ -15,11 +17,25 @@ using normjit_test::make_temp_dir;
 
 GPU_TEST_CASE("every autotune candidate matches the float64 reference") {
   const DeviceInfo dev = device_info(current_device());
-  const auto kdir = make_temp_dir("kernels");
-  KernelCache jit(kdir->string());
-  const NormDesc shapes[] = {normjit_test::make_desc(777, 128, DType::BF16, DType::BF16), normjit_test::make_desc(300, 4096, DType::BF16, DType::F32),
-                             normjit_test::make_desc(257, 1000, DType::F16, DType::F16), normjit_test::make_desc(64, 5120, DType::F32, DType::F32),
-                             normjit_test::make_desc(130, 16384, DType::BF16, DType::BF16), normjit_test::make_desc(9, 262144, DType::BF16, DType::BF16)};
+  KernelCache jit(suite_kernel_dir());
+  // Narrow rows packed several to a program, usual, odd, fp32 and wide rows
+  // (two-pass and clusters); M sized so each output is about 200K elements
+  // (each of ~1200 candidates' checks reads its outputs back).
+  const NormDesc shapes[] = {normjit_test::make_desc(400, 128, DType::BF16, DType::BF16), normjit_test::make_desc(48, 4096, DType::BF16, DType::F32),
+                             normjit_test::make_desc(130, 1000, DType::F16, DType::F16), normjit_test::make_desc(24, 5120, DType::F32, DType::F32),
+                             normjit_test::make_desc(9, 16384, DType::BF16, DType::BF16), normjit_test::make_desc(2, 262144, DType::BF16, DType::BF16)};
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    std::vector<KernelSpec> specs;
+    for (const NormDesc& d : shapes)
+      for (Op op : {Op::Forward, Op::Backward}) {
+        for (const auto& cfg : candidate_grid(op, d, dev.max_cluster)) specs.push_back(make_spec(op, d, cfg));
+        if (op == Op::Backward) specs.push_back(finalize_spec(d));
+      }
+    compile_all(specs);
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  int launches = 0;
   for (const NormDesc& d : shapes) {
     const std::uint64_t seed = fresh_seed();
     CAPTURE(d.str());
@@ -45,6 +61,7 @@ GPU_TEST_CASE("every autotune candidate matches the float64 reference") {
         auto k = jit.get(make_spec(op, d, cfg), dev.arch());
         if (k->local_bytes > 0 || k->blocks_per_sm < 1) continue;  // the tuner prunes these too
         ++ran;
+        ++launches;
         if (op == Op::Forward) {
           y.poison();
           rstd.poison();
@@ -86,6 +103,10 @@ GPU_TEST_CASE("every autotune candidate matches the float64 reference") {
       CHECK(ran > 0);
     }
   }
+  const auto t2 = std::chrono::steady_clock::now();
+  MESSAGE(fmt::format("compile {:.1f} s, {} launches checked in {:.1f} s",
+                      std::chrono::duration<double>(t1 - t0).count(), launches,
+                      std::chrono::duration<double>(t2 - t1).count()));
 }
 
 GPU_TEST_CASE("tuning stores a winner that later engines find; policies behave") {
@@ -93,7 +114,7 @@ GPU_TEST_CASE("tuning stores a winner that later engines find; policies behave")
   const std::string dir = tmp->string();
   // N = 2056 is in no shipped cache (autotune_cache/grid/grid.json).
   const NormDesc d = normjit_test::make_desc(4096, 2056, DType::BF16, DType::BF16);
-  EngineOptions o;
+  EngineOptions o = suite_engine_options("tune");
   o.cache_dir = dir;
 
   o.tune_policy = TunePolicy::Never;
@@ -146,9 +167,10 @@ GPU_TEST_CASE("tuning stores a winner that later engines find; policies behave")
 GPU_TEST_CASE("one engine used from several threads at once gives correct results") {
   // Each thread has its own shape (so its own kernels, compiled concurrently)
   // and its own stream-0 work; results are checked afterwards.
-  EngineOptions o;
   const auto tmp = make_temp_dir("threads");
+  EngineOptions o = suite_engine_options("threads");
   o.cache_dir = tmp->string();
+  o.kernel_dir.clear();  // its own, empty: the threads compile concurrently
   Engine e(o);
   const std::int64_t Ns[] = {96, 1000, 4096, 5120, 128, 3000};
   struct Job {

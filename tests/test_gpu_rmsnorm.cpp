@@ -3,10 +3,6 @@
 // and unaligned tensors; outputs poisoned before each run.
 #include <doctest/doctest.h>
 
-#include <unistd.h>
-
-#include <filesystem>
-
 #include <algorithm>
 
 #include "gpu_harness.hpp"
@@ -26,12 +22,7 @@ struct DtypeCombo {
 };
 
 Engine& engine() {
-  // A private cache directory: tests never read or write the user's cache.
-  static Engine e([] {
-    EngineOptions o;
-    o.cache_dir = (std::filesystem::temp_directory_path() / fmt::format("normjit-gpu-test-{}", ::getpid())).string();
-    return o;
-  }());
+  static Engine e(suite_engine_options("rmsnorm"));
   return e;
 }
 
@@ -129,21 +120,36 @@ const DtypeCombo kAll[] = {
     {DType::F16, DType::F16, DType::F32},    {DType::F32, DType::F32, DType::F32},   {DType::BF16, DType::F32, DType::F32},
     {DType::F32, DType::BF16, DType::BF16},  {DType::F16, DType::BF16, DType::F32}};
 
-// Large rows get fewer of them: the float64 reference runs on one CPU core.
+// M = 0, decode rows, and enough rows for several rows per program and (up
+// to N = 4096) a persistent backward grid that loops; fewer of the wider
+// rows: their volume, not a code path, grows with M (the host fills and
+// converts every element).
 std::vector<std::int64_t> rows_for(std::int64_t N) {
-  if (N >= 65536) return {0, 1, 3, 67};
+  if (N >= 65536) return {0, 1, 3, 19};
+  if (N > 4096) return {0, 1, 3, 150};
   return {0, 1, 3, 1000};
+}
+
+// Every call of the two cases below, compiled up front in parallel.
+void precompile_main(Op op) {
+  std::vector<Call> calls;
+  for (auto N : kNs)
+    for (auto M : rows_for(N))
+      for (auto c : kMain) calls.push_back({op, make_desc(M, N, c, {})});
+  precompile_calls(engine(), calls);
 }
 
 }  // namespace
 
 GPU_TEST_CASE("rms_norm forward matches float64 for every N, M and main dtype combination") {
+  precompile_main(Op::Forward);
   for (auto N : kNs)
     for (auto M : rows_for(N))
       for (auto c : kMain) check_forward(M, N, c, {});
 }
 
 GPU_TEST_CASE("rms_norm backward matches float64 for every N, M and main dtype combination, deterministically") {
+  precompile_main(Op::Backward);
   for (auto N : kNs)
     for (auto M : rows_for(N))
       for (auto c : kMain) check_backward(M, N, c, {});
@@ -163,7 +169,12 @@ GPU_TEST_CASE("M = 0 writes nothing") {
   CHECK(std::count(host.begin(), host.end(), 0xff) == static_cast<std::ptrdiff_t>(host.size()));
 }
 
-GPU_TEST_CASE("rms_norm forward and backward for every dtype combination") {
+GPU_TEST_CASE("rms_norm forward and backward for every dtype combination" * doctest::test_suite("quick")) {
+  std::vector<Call> calls;
+  for (auto N : {std::int64_t{127}, std::int64_t{4096}})
+    for (auto c : kAll)
+      for (Op op : {Op::Forward, Op::Backward}) calls.push_back({op, make_desc(1000, N, c, {})});
+  precompile_calls(engine(), calls);
   for (auto N : {std::int64_t{127}, std::int64_t{4096}})
     for (auto c : kAll) {
       check_forward(1000, N, c, {});
@@ -171,8 +182,16 @@ GPU_TEST_CASE("rms_norm forward and backward for every dtype combination") {
     }
 }
 
-GPU_TEST_CASE("strided and unaligned tensors") {
+GPU_TEST_CASE("strided and unaligned tensors" * doctest::test_suite("quick")) {
+  // Odd strides and offsets lower the vector width (fit_alignment).
   const Layout layouts[] = {{8, 0}, {1, 0}, {0, 1}, {3, 1}};
+  std::vector<Call> calls;
+  for (auto N : {std::int64_t{64}, std::int64_t{1000}, std::int64_t{4096}, std::int64_t{65536}})
+    for (auto l : layouts)
+      for (auto c : {kMain[0], kMain[2]})
+        for (Op op : {Op::Forward, Op::Backward})
+          calls.push_back({op, make_desc(N >= 65536 ? 5 : 300, N, c, l), l.offset});
+  precompile_calls(engine(), calls);
   for (auto N : {std::int64_t{64}, std::int64_t{1000}, std::int64_t{4096}, std::int64_t{65536}})
     for (auto l : layouts)
       for (auto c : {kMain[0], kMain[2]}) {

@@ -2,7 +2,9 @@
 // which ctest reports as skipped. Listing the cases (-ltc, -lts, -h) needs no
 // GPU. Every case is a GPU_TEST_CASE (gpu_harness.hpp): it makes the primary
 // context current itself, so one case runs alone (-tc=...) as well as in the
-// whole suite, e.g. under compute-sanitizer (tools/sanitize.sh).
+// whole suite, e.g. under compute-sanitizer (tools/sanitize.sh). Each case's
+// wall time is printed; `-ts=quick` runs the quick subset (<= 30 s), for
+// iterating on a kernel.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -31,7 +33,9 @@ int main(int argc, char** argv) {
     std::printf("SKIPPED: GPU tests need an NVIDIA GPU: %s\n", why.c_str());
     return 77;
   }
-  doctest::Context ctx(argc, argv);
+  doctest::Context ctx;
+  ctx.setOption("duration", true);  // each case's wall time (the suite's budget is 120 s on one H100)
+  ctx.applyCommandLine(argc, argv);
   const int rc = ctx.run();
   // Each case leaves no context current; the engines the cases keep in
   // statics are destroyed after main, and free their modules and buffers in

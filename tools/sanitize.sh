@@ -4,7 +4,7 @@
 #
 #   tools/sanitize.sh [--quick] [--tools memcheck,racecheck,initcheck,synccheck]
 #                     [--gpu-tests] [--no-driver] [--cases REGEX] [--build DIR]
-#                     [--timeout SECONDS] LOGDIR
+#                     [--timeout SECONDS] [--jobs N] LOGDIR
 #
 # Cases: those of tests/sanitize_driver.cpp (normjit_sanitize --list): every
 # config of each shape's autotune grid, plus the engine's own call; --quick
@@ -12,8 +12,12 @@
 # finish in a few minutes on an H100. --gpu-tests also runs every case of
 # normjit_gpu_tests (-ltc) alone (-tc=NAME): slow under racecheck/initcheck.
 # Each case first runs without a sanitizer (column "plain": the float64 check,
-# and it fills the kernel cache the sanitizer runs share). Logs go to
-# LOGDIR/<tool>/<case>.log, the table to LOGDIR/summary.txt.
+# and it fills the kernel cache the sanitizer runs share). --jobs N runs N
+# processes at once (default: half the cores, at most 8): a sanitizer run
+# spends most of its time on the host (patching each loaded module), so
+# runs overlap well on one GPU. synccheck runs clusters of at most 8 CTAs
+# (it fails on valid clusters of 16: tools/repro/cluster_st_async.cu).
+# Logs go to LOGDIR/<tool>/<case>.log, the table to LOGDIR/summary.txt.
 #
 # Exit: 0 no error anywhere; 1 a sanitizer error, a failed check, a crash or a
 # timeout; 2 bad usage; 77 skipped (no GPU, no compute-sanitizer, or one that
@@ -22,9 +26,9 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${NORMJIT_BUILD_DIR:-$root/build}"
 tools="memcheck,racecheck,initcheck,synccheck"
-quick=0 gpu_tests=0 driver_cases=1 filter="" timeout_s="" logdir=""
+quick=0 gpu_tests=0 driver_cases=1 filter="" timeout_s="" logdir="" jobs=""
 
-usage() { sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
@@ -34,6 +38,7 @@ while [ $# -gt 0 ]; do
     --cases) filter="$2"; shift ;;
     --build) build="$2"; shift ;;
     --timeout) timeout_s="$2"; shift ;;
+    --jobs) jobs="$2"; shift ;;
     -h|--help) usage ;;
     -*) echo "sanitize.sh: unknown option $1" >&2; usage ;;
     *) [ -z "$logdir" ] || usage; logdir="$1" ;;
@@ -42,6 +47,12 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$logdir" ] || usage
 [ -n "$timeout_s" ] || timeout_s=$([ "$quick" = 1 ] && echo 900 || echo 3600)
+if [ -z "$jobs" ]; then
+  jobs=$(( $(nproc) / 2 ))
+  [ "$jobs" -ge 1 ] || jobs=1
+  [ "$jobs" -le 8 ] || jobs=8
+fi
+[[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "sanitize.sh: --jobs $jobs is not a positive integer" >&2; exit 2; }
 
 driver="$build/tests/normjit_sanitize"
 gputests="$build/tests/normjit_gpu_tests"
@@ -125,6 +136,11 @@ case_cmd() {
     cmd=("$driver" --case "${c#driver:}" --cache-dir "$cache")
     [ "$quick" = 1 ] && cmd+=(--quick)
     [ "$tool" = initcheck ] && cmd+=(--no-poison)  # outputs left uninitialised: reads of them are reported
+    # synccheck ends a launch of 16 or more clusters of 16 CTAs with an
+    # illegal address and no report, a standalone kernel with no normjit
+    # code included (tools/repro/cluster_st_async.cu): it checks clusters
+    # of up to 8.
+    [ "$tool" = synccheck ] && cmd+=(--max-cluster 8)
   else
     # doctest splits filters at commas: escape them.
     local name="${c#gpu:}"
@@ -140,43 +156,64 @@ tool_args() {
   esac
 }
 
+# One run: (case, tool) -> LOGDIR/<tool>/<case>.log and a result line
+# "<cell> <seconds> <errors>" in LOGDIR/results/<tool>/<case>.
+run_one() {
+  local c="$1" tool="$2" log res t0 rc secs errs v
+  mkdir -p "$logdir/$tool" "$logdir/results/$tool"
+  log="$logdir/$tool/$(slug "$c").log"
+  res="$logdir/results/$tool/$(slug "$c")"
+  case_cmd "$c" "$tool"
+  t0=$(date +%s)
+  if [ "$tool" = plain ]; then
+    NORMJIT_CACHE_DIR="$cache/user" timeout -k 30 "$timeout_s" "${cmd[@]}" > "$log" 2>&1
+    rc=$?
+  else
+    # shellcheck disable=SC2046
+    NORMJIT_CACHE_DIR="$cache/user" timeout -k 30 "$timeout_s" "$cs" --tool "$tool" --error-exitcode 86 --print-limit 50 \
+      $(tool_args "$tool") "${cmd[@]}" > "$log" 2>&1
+    rc=$?
+  fi
+  secs=$(( $(date +%s) - t0 ))
+  errs=""
+  if [ "$tool" != plain ]; then
+    errs="$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$log" | tail -n 1 | grep -Eo '[0-9]+$')"
+    [ -n "$errs" ] || errs="$(grep -Eo 'RACECHECK SUMMARY: .*\(([0-9]+) error' "$log" | tail -n 1 | grep -Eo '[0-9]+ error' | grep -Eo '[0-9]+')"
+  fi
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    v="TIMEOUT"
+  elif [ "$tool" = plain ]; then
+    if [ $rc -eq 0 ]; then v="ok"; else v="FAIL($rc)"; fi
+  elif [ -z "$errs" ]; then
+    v="?($rc)"  # no summary: the sanitizer itself failed
+  else
+    v="$errs"
+    if [ $rc -ne 0 ] && [ $rc -ne 86 ]; then v="$errs/FAIL($rc)"; fi
+  fi
+  echo "$v $secs ${errs:-0}" > "$res"
+  printf '%-60.60s %-9s %-10s %4ss  %s\n' "$c" "$tool" "$v" "$secs" "$log"
+}
+
+# Up to $jobs runs at once; the plain runs first (they compile the kernels
+# the sanitizer runs then load from the shared cache).
+throttle() { while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done; }
+start=$(date +%s)
+echo "${#cases[@]} cases x (plain + ${#tool_list[@]} tools), $jobs at once"
+for c in "${cases[@]}"; do throttle; run_one "$c" plain & done
+wait
+for tool in "${tool_list[@]}"; do
+  for c in "${cases[@]}"; do throttle; run_one "$c" "$tool" & done
+done
+wait
+
 declare -A cell
 failures=0 total_errors=0
-start=$(date +%s)
 for c in "${cases[@]}"; do
   for tool in plain "${tool_list[@]}"; do
-    mkdir -p "$logdir/$tool"
-    log="$logdir/$tool/$(slug "$c").log"
-    case_cmd "$c" "$tool"
-    t0=$(date +%s)
-    if [ "$tool" = plain ]; then
-      NORMJIT_CACHE_DIR="$cache/user" timeout -k 30 "$timeout_s" "${cmd[@]}" > "$log" 2>&1
-      rc=$?
-    else
-      # shellcheck disable=SC2046
-      NORMJIT_CACHE_DIR="$cache/user" timeout -k 30 "$timeout_s" "$cs" --tool "$tool" --error-exitcode 86 --print-limit 50 \
-        $(tool_args "$tool") "${cmd[@]}" > "$log" 2>&1
-      rc=$?
-    fi
-    secs=$(( $(date +%s) - t0 ))
-    errs=""
-    if [ "$tool" != plain ]; then
-      errs="$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$log" | tail -n 1 | grep -Eo '[0-9]+$')"
-      [ -n "$errs" ] || errs="$(grep -Eo 'RACECHECK SUMMARY: .*\(([0-9]+) error' "$log" | tail -n 1 | grep -Eo '[0-9]+ error' | grep -Eo '[0-9]+')"
-    fi
-    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-      v="TIMEOUT"; failures=$((failures + 1))
-    elif [ "$tool" = plain ]; then
-      if [ $rc -eq 0 ]; then v="ok"; else v="FAIL($rc)"; failures=$((failures + 1)); fi
-    elif [ -z "$errs" ]; then
-      v="?($rc)"; failures=$((failures + 1))  # no summary: the sanitizer itself failed
-    else
-      v="$errs"
-      total_errors=$((total_errors + errs))
-      if [ $rc -ne 0 ] && [ $rc -ne 86 ]; then v="$errs/FAIL($rc)"; failures=$((failures + 1)); fi
-    fi
+    read -r v _ errs < "$logdir/results/$tool/$(slug "$c")" || { v="?(lost)"; errs=0; }
     cell["$c|$tool"]="$v"
-    printf '%-60.60s %-9s %-10s %4ss  %s\n' "$c" "$tool" "$v" "$secs" "$log"
+    total_errors=$((total_errors + errs))
+    [[ "$v" =~ ^(ok|[0-9]+)$ ]] || failures=$((failures + 1))
   done
 done
 

@@ -96,7 +96,9 @@ struct Engine::Impl {
   explicit Impl(EngineOptions o)
       : opt(std::move(o)),
         root(opt.cache_dir.empty() ? default_cache_dir() : opt.cache_dir),
-        jit(opt.disk_kernel_cache ? root + "/kernels" : std::string()) {}
+        jit(!opt.disk_kernel_cache        ? std::string()
+            : opt.kernel_dir.empty() ? root + "/kernels"
+                                     : opt.kernel_dir) {}
 
   std::vector<std::string> shipped_dirs() const {
     std::vector<std::string> d = opt.shipped_cache_dirs;

@@ -5,13 +5,33 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "host_dtype.hpp"
 
 namespace normjit::detail {
+
+/// Runs fn(begin, end) over [0, n) split into contiguous blocks, one per
+/// hardware thread (rows are independent; a float64 reference of a large
+/// shape on one core takes seconds). Serial for small n.
+template <class Fn>
+void parallel_blocks(std::size_t n, std::size_t min_block, Fn&& fn) {
+  const std::size_t hw = std::max(1u, std::thread::hardware_concurrency());
+  const std::size_t parts = std::min(hw, std::max<std::size_t>(1, n / std::max<std::size_t>(1, min_block)));
+  if (parts <= 1) {
+    fn(std::size_t{0}, n);
+    return;
+  }
+  std::vector<std::thread> threads;
+  for (std::size_t p = 0; p < parts; ++p)
+    threads.emplace_back([&fn, p, parts, n] { fn(n * p / parts, n * (p + 1) / parts); });
+  for (auto& t : threads) t.join();
+}
 
 /// Tensors by name (op_tensors' names), each its rows one after another
 /// (rows x cols, no gaps), as float64.
@@ -57,19 +77,23 @@ inline void quantize_reference(const NormDesc& d, const HostTensors& in, HostTen
       break;
     }
     case QuantScaling::Token:
-      for (std::size_t i = 0; i < M; ++i) {
-        double s = std::fmax(amax_of(i, 0, N) / fmax, min_scale);
-        if (d.scale_ub > 0) s = std::fmin(s, static_cast<double>(d.scale_ub));
-        sc.push_back(s);
-        std::fill(scale_of.begin() + i * N, scale_of.begin() + (i + 1) * N, s);
-      }
+      sc.assign(M, 0.0);
+      parallel_blocks(M, 1, [&](std::size_t r0, std::size_t r1) {
+        for (std::size_t i = r0; i < r1; ++i) {
+          double s = std::fmax(amax_of(i, 0, N) / fmax, min_scale);
+          if (d.scale_ub > 0) s = std::fmin(s, static_cast<double>(d.scale_ub));
+          sc[i] = s;
+          std::fill(scale_of.begin() + i * N, scale_of.begin() + (i + 1) * N, s);
+        }
+      });
       break;
     case QuantScaling::Group:
     case QuantScaling::MX: {
       const bool mx = d.quant == QuantScaling::MX;
       const std::size_t G = mx ? 32 : static_cast<std::size_t>(d.quant_group), NG = N / G;
       sc.assign(M * NG, 0.0);
-      for (std::size_t i = 0; i < M; ++i)
+      parallel_blocks(M, 1, [&](std::size_t r0, std::size_t r1) {
+      for (std::size_t i = r0; i < r1; ++i)
         for (std::size_t g = 0; g < NG; ++g) {
           const double a = amax_of(i, g * G, G);
           double s;
@@ -84,11 +108,14 @@ inline void quantize_reference(const NormDesc& d, const HostTensors& in, HostTen
           sc[d.scale_col_major ? g * M + i : i * NG + g] = s;
           std::fill(scale_of.begin() + i * N + g * G, scale_of.begin() + i * N + (g + 1) * G, s);
         }
+      });
       break;
     }
   }
   if (d.store_y_hp) out["y_hp"] = y;
-  for (std::size_t k = 0; k < M * N; ++k) y[k] = round_as(d.y_dtype, y[k] / scale_of[k]);
+  parallel_blocks(M * N, 1 << 16, [&](std::size_t k0, std::size_t k1) {
+    for (std::size_t k = k0; k < k1; ++k) y[k] = round_as(d.y_dtype, y[k] / scale_of[k]);
+  });
   if (d.store_y_t) {
     auto& t = out["y_t"];
     t.resize(M * N);
@@ -97,50 +124,67 @@ inline void quantize_reference(const NormDesc& d, const HostTensors& in, HostTen
   }
 }
 
+/// Row i of h, the values a forward normalizes, in float64 from `in`: x
+/// (dequantized with x_scale when FP8), plus the residual, rounded as the
+/// descriptor says (ResidualDtype: to the residual's dtype).
+inline void reference_h(const NormDesc& d, const HostTensors& in, std::size_t i, std::vector<double>& h) {
+  const std::size_t N = static_cast<std::size_t>(d.N), xg = static_cast<std::size_t>(d.x_group);
+  const double* x = in.at("x").data() + i * N;
+  const double* xs = is_fp8(d.x_dtype) ? in.at("x_scale").data() + i * (N / xg) : nullptr;
+  const double* res = d.residual ? in.at("residual").data() + i * N : nullptr;
+  h.resize(N);
+  for (std::size_t j = 0; j < N; ++j) {
+    double v = x[j];
+    if (xs) v *= xs[j / xg];  // dequantized on load
+    if (res) {
+      v += res[j];
+      if (d.residual_rounding == ResidualRounding::ResidualDtype) v = round_as(d.residual_dtype, v);
+    }
+    h[j] = v;
+  }
+}
+
 /// The forward of any variant (RMSNorm or LayerNorm, residual add, weight
-/// offset, no weight / bias, casting modes) in float64 from `in` (x,
-/// residual, weight, bias). Returns y, residual_out, mean, rstd (those the
-/// descriptor writes; with mean, mean_scale: each row's root mean square). Roundings that are part of the definition (the
-/// residual sum in ResidualDtype mode, xhat in Llama mode) are applied.
+/// offset, no weight / bias, casting modes, FP8 input and output) in float64
+/// from `in` (x, x_scale, residual, weight, bias, y_scale). Returns y,
+/// residual_out, mean, rstd (those the descriptor writes; with mean,
+/// mean_scale: each row's root mean square). Roundings that are part of the
+/// definition (the residual sum in ResidualDtype mode, xhat in Llama mode)
+/// are applied. Rows run in parallel (parallel_blocks).
 inline HostTensors forward_reference(const NormDesc& d, const HostTensors& in) {
   const bool ln = d.norm == NormKind::LayerNorm;
   const std::size_t M = static_cast<std::size_t>(d.M), N = static_cast<std::size_t>(d.N);
   HostTensors out;
   auto& y = out["y"];
   y.resize(M * N);
-  std::vector<double> mean(M), rstd(M), h(N), ho;
-  const std::vector<double>& x = in.at("x");
-  const bool fp8_x = is_fp8(d.x_dtype);
-  const std::size_t xg = static_cast<std::size_t>(d.x_group);
-  for (std::size_t i = 0; i < M; ++i) {
-    for (std::size_t j = 0; j < N; ++j) {
-      double v = x[i * N + j];
-      if (fp8_x) v *= in.at("x_scale")[i * (N / xg) + j / xg];  // dequantized on load
-      if (d.residual) {
-        v += in.at("residual")[i * N + j];
-        if (d.residual_rounding == ResidualRounding::ResidualDtype) v = round_as(d.residual_dtype, v);
-        if (d.store_residual_out) ho.push_back(round_as(d.residual_out_dtype, v));
+  std::vector<double> mean(M), rstd(M), ho(d.store_residual_out ? M * N : 0);
+  const double* w = d.has_weight ? in.at("weight").data() : nullptr;
+  const double* b = ln && d.has_bias ? in.at("bias").data() : nullptr;
+  parallel_blocks(M, 1, [&](std::size_t r0, std::size_t r1) {
+    std::vector<double> h;
+    for (std::size_t i = r0; i < r1; ++i) {
+      reference_h(d, in, i, h);
+      if (d.store_residual_out)
+        for (std::size_t j = 0; j < N; ++j) ho[i * N + j] = round_as(d.residual_out_dtype, h[j]);
+      double mu = 0;
+      if (ln) {
+        for (double v : h) mu += v;
+        mu /= N;
       }
-      h[j] = v;
+      double var = 0;
+      for (double v : h) var += (v - mu) * (v - mu);
+      const double r = 1.0 / std::sqrt(var / N + static_cast<double>(d.eps));
+      mean[i] = mu;
+      rstd[i] = r;
+      for (std::size_t j = 0; j < N; ++j) {
+        double v = (h[j] - mu) * r;
+        if (d.cast_mode == CastMode::Llama) v = round_as(d.x_dtype, v);
+        if (w) v *= w[j] + d.weight_offset;
+        if (b) v += b[j];
+        y[i * N + j] = v;
+      }
     }
-    double mu = 0;
-    if (ln) {
-      for (double v : h) mu += v;
-      mu /= N;
-    }
-    double var = 0;
-    for (double v : h) var += (v - mu) * (v - mu);
-    const double r = 1.0 / std::sqrt(var / N + static_cast<double>(d.eps));
-    mean[i] = mu;
-    rstd[i] = r;
-    for (std::size_t j = 0; j < N; ++j) {
-      double v = (h[j] - mu) * r;
-      if (d.cast_mode == CastMode::Llama) v = round_as(d.x_dtype, v);
-      if (d.has_weight) v *= in.at("weight")[j] + d.weight_offset;
-      if (ln && d.has_bias) v += in.at("bias")[j];
-      y[i * N + j] = v;
-    }
-  }
+  });
   if (d.store_residual_out) out["residual_out"] = std::move(ho);
   if (ln && d.store_mean) {
     // The scale a mean's error is judged against: the row's root mean
@@ -155,12 +199,193 @@ inline HostTensors forward_reference(const NormDesc& d, const HostTensors& in) {
   return out;
 }
 
+/// gamma_k = k u / (1 - k u), u = 2^-24: the relative error bound of k fp32
+/// roundings (Higham, Accuracy and Stability of Numerical Algorithms, 3.1).
+inline double fp32_gamma(int k) {
+  const double ku = k * 0x1p-24;
+  return ku / (1 - ku);
+}
+
+/// What a correct kernel may write for its quantized outputs (QuantScaling),
+/// as closed intervals per element, derived from the fp32 roundings between
+/// the row statistics and each output; the statistics are the ones the
+/// kernel wrote itself (rstd, mean: checked against float64 on their own),
+/// so no bound on a reduction of N terms enters. Per element:
+///   h        as forward_reference (residual roundings are exact operations
+///            on fp32 sums of two inputs, FP8 dequantization one rounding);
+///   xhat     = (h - mean) * rstd:  |error| <= gamma_4 (|h| + |mean|) rstd
+///            (dequantize, residual sum, subtraction, product); Llama mode
+///            rounds both ends of that interval to x's dtype (monotone);
+///   y        = xhat * (weight + offset) + bias: gamma_3 (|xhat w'| + |bias|);
+///   amax     the max of |y| over the group, row or tensor: its interval
+///            from the elements' intervals (NaN ignored, as the kernels do);
+///   scale    max(amax / fmax, 2^-126): one rounding (gamma_1), then the
+///            monotone steps (upper bound, power of two, MX exponent);
+///   q        sat(rne(y * (1 / scale))) with the kernel's own scale: two
+///            roundings and the float64-to-float conversion (gamma_3), then
+///            FP8 rounding, monotone: a code range.
+/// Without kernel statistics (`rstd` empty) the float64 ones are used and
+/// xhat widens by `stat_rel` (the tolerance the statistics are held to).
+struct QuantBounds {
+  std::vector<double> amax_lo, amax_hi;    ///< Tensor: [1]
+  std::vector<double> scale_lo, scale_hi;  ///< y_scale's layout (op_tensors); empty for TensorStatic
+  /// q's code ordinals (fp8_ordinal), M x N; q_nan: the element must be NaN.
+  std::vector<int> q_lo, q_hi;
+  std::vector<char> q_nan;
+};
+
+/// An FP8 code's place on the number line (sign-magnitude to ordered).
+inline int fp8_ordinal(DType t, float v) {
+  const int c = nj::fp32_to_fp8(v, t == DType::E4M3 ? nj::kE4M3 : nj::kE5M2);
+  return c & 0x80 ? -(c & 0x7f) : c;
+}
+
+/// The bounds above. `rstd`, `mean`: the kernel's statistics (mean for
+/// LayerNorm; both empty: use float64's, widened by stat_rel). `scale`: the
+/// kernel's y_scale as written (its layout), or for TensorStatic the input.
+inline QuantBounds quant_bounds(const NormDesc& d, const HostTensors& in, const std::vector<float>& rstd,
+                                const std::vector<float>& mean, const std::vector<float>& scale,
+                                double stat_rel = 1e-4) {
+  const bool ln = d.norm == NormKind::LayerNorm;
+  const std::size_t M = static_cast<std::size_t>(d.M), N = static_cast<std::size_t>(d.N);
+  const double fmax = fp8_max(d.y_dtype), min_scale = static_cast<double>(kMinScale), u = 0x1p-24;
+  const double* w = d.has_weight ? in.at("weight").data() : nullptr;
+  const double* b = ln && d.has_bias ? in.at("bias").data() : nullptr;
+  HostTensors ref_stats;
+  const bool own = !rstd.empty();
+  if (!own) {
+    NormDesc r = d;
+    r.quant = QuantScaling::None;
+    r.store_rstd = r.store_mean = true;
+    ref_stats = forward_reference(r, in);
+  }
+  // The interval of every y.
+  std::vector<double> ylo(M * N), yhi(M * N);
+  parallel_blocks(M, 1, [&](std::size_t r0, std::size_t r1) {
+    std::vector<double> h;
+    for (std::size_t i = r0; i < r1; ++i) {
+      reference_h(d, in, i, h);
+      const double r = own ? rstd[i] : ref_stats.at("rstd")[i];
+      const double mu = !ln ? 0.0 : own ? mean.at(i) : ref_stats.at("mean")[i];
+      for (std::size_t j = 0; j < N; ++j) {
+        const double t = (h[j] - mu) * r;
+        double e = fp32_gamma(4) * (std::fabs(h[j]) + std::fabs(mu)) * std::fabs(r);
+        if (!own) e += stat_rel * (std::fabs(t) + std::fabs(r * ref_stats.at("mean_scale")[i] * (ln ? 1 : 0)));
+        double tlo = t - e, thi = t + e;
+        if (d.cast_mode == CastMode::Llama) tlo = round_as(d.x_dtype, tlo), thi = round_as(d.x_dtype, thi);
+        const double wp = w ? w[j] + d.weight_offset : 1.0, bj = b ? b[j] : 0.0;
+        const double a = tlo * wp, c = thi * wp;
+        const double slack = fp32_gamma(3) * (std::fmax(std::fabs(a), std::fabs(c)) + std::fabs(bj));
+        ylo[i * N + j] = std::fmin(a, c) + bj - slack;
+        yhi[i * N + j] = std::fmax(a, c) + bj + slack;
+      }
+    }
+  });
+  // |y|'s interval over elements [k0, k1) of row i (NaN ignored).
+  auto amax_of = [&](std::size_t i, std::size_t j0, std::size_t n) {
+    double lo = 0, hi = 0;
+    for (std::size_t k = i * N + j0; k < i * N + j0 + n; ++k) {
+      if (std::isnan(ylo[k]) || std::isnan(yhi[k])) continue;
+      lo = std::fmax(lo, ylo[k] > 0 ? ylo[k] : yhi[k] < 0 ? -yhi[k] : 0.0);
+      hi = std::fmax(hi, std::fmax(std::fabs(ylo[k]), std::fabs(yhi[k])));
+    }
+    return std::pair{lo, hi};
+  };
+  auto scale_lo = [&](double a) { return std::fmax(a / fmax * (1 - u), min_scale); };
+  auto scale_hi = [&](double a) { return std::fmax(a / fmax * (1 + u), min_scale); };
+  auto pow2_ceil = [](double s) { return std::ldexp(1.0, static_cast<int>(std::ceil(std::log2(s)))); };
+  auto mx_scale = [&](double a) {
+    const int emax = d.y_dtype == DType::E4M3 ? 8 : 15;
+    const int e = a >= 0x1p-126 ? static_cast<int>(std::floor(std::log2(a))) : -127;
+    return std::ldexp(1.0, std::clamp(e - emax, -127, 127));
+  };
+  QuantBounds qb;
+  // The kernel's scale of element (i, j), by granularity.
+  std::function<double(std::size_t, std::size_t)> scale_at;
+  switch (d.quant) {
+    case QuantScaling::None: return qb;
+    case QuantScaling::TensorStatic:
+      scale_at = [&](std::size_t, std::size_t) { return static_cast<double>(scale.at(0)); };
+      break;
+    case QuantScaling::Tensor: {
+      double lo = 0, hi = 0;
+      for (std::size_t i = 0; i < M; ++i) {
+        const auto [l, h] = amax_of(i, 0, N);
+        lo = std::fmax(lo, l), hi = std::fmax(hi, h);
+      }
+      qb.amax_lo = {lo};
+      qb.amax_hi = {hi};
+      qb.scale_lo = {scale_lo(lo)};
+      qb.scale_hi = {scale_hi(hi)};
+      scale_at = [&](std::size_t, std::size_t) { return static_cast<double>(scale.at(0)); };
+      break;
+    }
+    case QuantScaling::Token:
+      for (std::size_t i = 0; i < M; ++i) {
+        const auto [l, h] = amax_of(i, 0, N);
+        double sl = scale_lo(l), sh = scale_hi(h);
+        if (d.scale_ub > 0) sl = std::fmin(sl, d.scale_ub), sh = std::fmin(sh, d.scale_ub);
+        qb.scale_lo.push_back(sl);
+        qb.scale_hi.push_back(sh);
+      }
+      scale_at = [&](std::size_t i, std::size_t) { return static_cast<double>(scale.at(i)); };
+      break;
+    case QuantScaling::Group:
+    case QuantScaling::MX: {
+      const bool mx = d.quant == QuantScaling::MX;
+      const std::size_t G = mx ? 32 : static_cast<std::size_t>(d.quant_group), NG = N / G;
+      qb.scale_lo.assign(M * NG, 0.0);
+      qb.scale_hi.assign(M * NG, 0.0);
+      auto at = [&](std::size_t i, std::size_t g) { return d.scale_col_major ? g * M + i : i * NG + g; };
+      for (std::size_t i = 0; i < M; ++i)
+        for (std::size_t g = 0; g < NG; ++g) {
+          const auto [l, h] = amax_of(i, g * G, G);
+          double sl, sh;
+          if (mx) {
+            sl = mx_scale(l), sh = mx_scale(h);
+          } else {
+            sl = scale_lo(l), sh = scale_hi(h);
+            if (d.scale_ue8m0) sl = pow2_ceil(sl), sh = pow2_ceil(sh);
+          }
+          qb.scale_lo[at(i, g)] = sl;
+          qb.scale_hi[at(i, g)] = sh;
+        }
+      scale_at = [&, G, at](std::size_t i, std::size_t j) { return static_cast<double>(scale.at(at(i, j / G))); };
+      break;
+    }
+  }
+  // q's code range, given the kernel's scale.
+  qb.q_lo.assign(M * N, 0);
+  qb.q_hi.assign(M * N, 0);
+  qb.q_nan.assign(M * N, 0);
+  parallel_blocks(M, 1, [&](std::size_t r0, std::size_t r1) {
+    for (std::size_t i = r0; i < r1; ++i)
+      for (std::size_t j = 0; j < N; ++j) {
+        const std::size_t k = i * N + j;
+        if (std::isnan(ylo[k]) || std::isnan(yhi[k])) {
+          qb.q_nan[k] = 1;
+          continue;
+        }
+        const double s = scale_at(i, j);
+        if (!(s > 0) || !std::isfinite(s)) {  // a broken scale: no q can be right
+          qb.q_lo[k] = 1, qb.q_hi[k] = 0;
+          continue;
+        }
+        const double vl = ylo[k] / s, vh = yhi[k] / s, g = fp32_gamma(3);
+        qb.q_lo[k] = fp8_ordinal(d.y_dtype, static_cast<float>(vl - g * std::fabs(vl)));
+        qb.q_hi[k] = fp8_ordinal(d.y_dtype, static_cast<float>(vh + g * std::fabs(vh)));
+      }
+  });
+  return qb;
+}
+
 /// The backward of any variant in float64 from `in` (dy, x, weight, mean,
 /// rstd, dresidual), with the given mean and rstd. Returns dx, dweight,
 /// dbias (those the descriptor writes) and dx_scale: per element
 /// |rstd*g| + |rstd*c1| + |rstd*xhat*c2| (+ |dresidual|), the size of the
 /// terms whose difference is dx. When they nearly cancel (N = 1, say) dx is
-/// tiny and only an error measured against them is fair.
+/// tiny and only an error measured against them is fair. Rows run in
+/// parallel; each block sums its own dweight / dbias rows, added at the end.
 inline HostTensors backward_reference(const NormDesc& d, const HostTensors& in) {
   const bool ln = d.norm == NormKind::LayerNorm;
   const std::size_t M = static_cast<std::size_t>(d.M), N = static_cast<std::size_t>(d.N);
@@ -169,38 +394,49 @@ inline HostTensors backward_reference(const NormDesc& d, const HostTensors& in) 
   auto& scale = out["dx_scale"];
   dx.resize(M * N);
   scale.resize(M * N);
-  std::vector<double> dw(N, 0.0), db(N, 0.0);
   const auto& dy = in.at("dy");
-  std::vector<double> x = in.at("x");
-  if (is_fp8(d.normed_dtype())) {  // dequantized, as the forward read it
-    const std::size_t xg = static_cast<std::size_t>(d.x_group);
-    for (std::size_t k = 0; k < M * N; ++k) x[k] *= in.at("x_scale")[(k / N) * (N / xg) + (k % N) / xg];
-  }
-  for (std::size_t i = 0; i < M; ++i) {
-    const double r = in.at("rstd")[i], mu = ln ? in.at("mean")[i] : 0.0;
-    auto wp = [&](std::size_t j) { return d.has_weight ? in.at("weight")[j] + d.weight_offset : 1.0; };
-    double c1 = 0, c2 = 0;
-    for (std::size_t j = 0; j < N; ++j) {
-      const double g = dy[i * N + j] * wp(j), xh = (x[i * N + j] - mu) * r;
-      c1 += g;
-      c2 += g * xh;
-    }
-    c1 = ln ? c1 / N : 0.0;
-    c2 /= N;
-    for (std::size_t j = 0; j < N; ++j) {
-      const double g = dy[i * N + j] * wp(j), xh = (x[i * N + j] - mu) * r;
-      double v = r * (g - c1 - xh * c2);
-      double sc = std::fabs(r * g) + std::fabs(r * c1) + std::fabs(r * xh * c2);
-      if (d.has_dresidual) {
-        v += in.at("dresidual")[i * N + j];
-        sc += std::fabs(in.at("dresidual")[i * N + j]);
+  const auto& xin = in.at("x");
+  const bool fp8_x = is_fp8(d.normed_dtype());  // dequantized, as the forward read it
+  const std::size_t xg = static_cast<std::size_t>(d.x_group);
+  const double* w = d.has_weight ? in.at("weight").data() : nullptr;
+  const double* dres = d.has_dresidual ? in.at("dresidual").data() : nullptr;
+  std::mutex mu_sum;
+  std::vector<double> dw(N, 0.0), db(N, 0.0);
+  parallel_blocks(M, 1, [&](std::size_t r0, std::size_t r1) {
+    std::vector<double> pdw(N, 0.0), pdb(N, 0.0), x(N);
+    for (std::size_t i = r0; i < r1; ++i) {
+      for (std::size_t j = 0; j < N; ++j)
+        x[j] = fp8_x ? xin[i * N + j] * in.at("x_scale")[i * (N / xg) + j / xg] : xin[i * N + j];
+      const double r = in.at("rstd")[i], mu = ln ? in.at("mean")[i] : 0.0;
+      auto wp = [&](std::size_t j) { return w ? w[j] + d.weight_offset : 1.0; };
+      double c1 = 0, c2 = 0;
+      for (std::size_t j = 0; j < N; ++j) {
+        const double g = dy[i * N + j] * wp(j), xh = (x[j] - mu) * r;
+        c1 += g;
+        c2 += g * xh;
       }
-      dx[i * N + j] = v;
-      scale[i * N + j] = sc;
-      dw[j] += dy[i * N + j] * xh;
-      db[j] += dy[i * N + j];
+      c1 = ln ? c1 / N : 0.0;
+      c2 /= N;
+      for (std::size_t j = 0; j < N; ++j) {
+        const double g = dy[i * N + j] * wp(j), xh = (x[j] - mu) * r;
+        double v = r * (g - c1 - xh * c2);
+        double sc = std::fabs(r * g) + std::fabs(r * c1) + std::fabs(r * xh * c2);
+        if (dres) {
+          v += dres[i * N + j];
+          sc += std::fabs(dres[i * N + j]);
+        }
+        dx[i * N + j] = v;
+        scale[i * N + j] = sc;
+        pdw[j] += dy[i * N + j] * xh;
+        pdb[j] += dy[i * N + j];
+      }
     }
-  }
+    std::lock_guard<std::mutex> lock(mu_sum);
+    for (std::size_t j = 0; j < N; ++j) {
+      dw[j] += pdw[j];
+      db[j] += pdb[j];
+    }
+  });
   if (d.has_weight) out["dweight"] = std::move(dw);
   if (ln && d.has_bias) out["dbias"] = std::move(db);
   return out;
@@ -241,11 +477,17 @@ inline void rms_backward_reference(const NormDesc& d, const void* dy, const void
   if (dx_scale) *dx_scale = std::move(out["dx_scale"]);
 }
 
-/// ||got - ref|| / ||scale||; +inf if any got is NaN/inf.
+/// ||got - ref|| / ||scale||; +inf if any got is NaN/inf where the
+/// reference is a number (an element whose reference is NaN, from a NaN
+/// input, must be NaN and is left out of the norms).
 inline double scaled_error(const std::vector<float>& got, const std::vector<double>& ref,
                            const std::vector<double>& scale) {
   double num = 0, den = 0;
   for (std::size_t i = 0; i < ref.size(); ++i) {
+    if (std::isnan(ref[i])) {
+      if (!std::isnan(got[i])) return INFINITY;
+      continue;
+    }
     if (!std::isfinite(got[i])) return INFINITY;
     const double e = got[i] - ref[i];
     num += e * e;
@@ -263,41 +505,31 @@ inline double relative_error(const std::vector<float>& got, const std::vector<do
 /// the output plus fp32 accumulation.
 inline double tolerance(DType t) { return t == DType::F32 ? 1e-4 : 4 * unit_roundoff(t); }
 
-/// An FP8 code's place on the number line (sign-magnitude to ordered).
-inline int fp8_ordinal(DType t, float v) {
-  const int c = nj::fp32_to_fp8(v, t == DType::E4M3 ? nj::kE4M3 : nj::kE5M2);
-  return c & 0x80 ? -(c & 0x7f) : c;
+/// Elements of `got` outside [lo, hi] (NaN outside every interval).
+inline double count_outside(const std::vector<float>& got, const std::vector<double>& lo,
+                            const std::vector<double>& hi) {
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < lo.size(); ++i) n += !(got[i] >= lo[i] && got[i] <= hi[i]);
+  return static_cast<double>(n);
 }
 
-/// FP8 outputs against the reference's: the fraction of elements whose code
-/// differs, or +inf when any is more than one code apart (the fp32 vs float64
-/// rounding boundary moves a code by one at most) or NaN where the
-/// reference is not.
-inline double fp8_code_mismatch(DType t, const std::vector<float>& got, const std::vector<double>& ref) {
-  std::size_t differ = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    const bool gn = std::isnan(got[i]), rn = std::isnan(ref[i]);
-    if (gn || rn) {
-      if (gn != rn) return INFINITY;
-      continue;
+/// FP8 codes of `got` outside their ranges in `b` (or not NaN where they
+/// must be); `transposed`: got is q transposed ([N, M]).
+inline double count_codes_outside(DType t, const std::vector<float>& got, const QuantBounds& b, std::int64_t M,
+                                  std::int64_t N, bool transposed) {
+  std::size_t n = 0;
+  for (std::int64_t i = 0; i < M; ++i)
+    for (std::int64_t j = 0; j < N; ++j) {
+      const std::size_t k = static_cast<std::size_t>(i * N + j);
+      const float g = got[transposed ? static_cast<std::size_t>(j * M + i) : k];
+      if (b.q_nan[k]) {
+        n += !std::isnan(g);
+        continue;
+      }
+      const int o = fp8_ordinal(t, g);
+      n += std::isnan(g) || o < b.q_lo[k] || o > b.q_hi[k];
     }
-    const int dist = std::abs(fp8_ordinal(t, got[i]) - fp8_ordinal(t, static_cast<float>(ref[i])));
-    if (dist > 1) return INFINITY;
-    differ += dist;
-  }
-  return ref.empty() ? 0.0 : static_cast<double>(differ) / ref.size();
-}
-
-/// The largest relative error of any element (scales, amax); +inf for a NaN
-/// where the reference has a number.
-inline double max_relative_error(const std::vector<float>& got, const std::vector<double>& ref) {
-  double e = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    if (std::isnan(ref[i]) && std::isnan(got[i])) continue;
-    const double d = std::fabs(got[i] - ref[i]) / std::fmax(std::fabs(ref[i]), 1e-300);
-    if (!(d <= e)) e = std::isnan(d) ? INFINITY : std::fmax(e, d);
-  }
-  return e;
+  return static_cast<double>(n);
 }
 
 }  // namespace normjit::detail

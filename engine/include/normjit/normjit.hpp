@@ -358,6 +358,9 @@ struct EngineOptions {
   bool builtin_shipped_caches = true;
   /// Keep compiled kernels (cubin) on disk between processes.
   bool disk_kernel_cache = true;
+  /// Directory of the compiled kernels. Empty: <cache_dir>/kernels. Several
+  /// engines (or processes) with their own tuned caches may share one.
+  std::string kernel_dir;
   /// Print progress of tuning to stderr.
   bool verbose = false;
 
