@@ -260,7 +260,7 @@ int run_case(const Case& c, const Options& o, const DeviceInfo& dev, KernelCache
 int usage() {
   std::fprintf(stderr,
                "usage: normjit_sanitize --list|--check|--all|--probe|--case NAME [--quick] [--no-poison] "
-               "[--cache-dir DIR]\n");
+               "[--cache-dir DIR] [--max-cluster C]\n");
   return 2;
 }
 
@@ -274,6 +274,13 @@ int main(int argc, char** argv) {
     if (a == "--quick") o.quick = true;
     else if (a == "--no-poison") o.poison = false;
     else if (a == "--cache-dir" && i + 1 < argc) o.cache_dir = argv[++i];
+    else if (a == "--max-cluster" && i + 1 < argc) {
+      o.max_cluster = std::atoi(argv[++i]);
+      if (o.max_cluster < 1) {
+        std::fprintf(stderr, "normjit_sanitize: --max-cluster %s is not a cluster size >= 1\n", argv[i]);
+        return 2;
+      }
+    }
     else if (a == "--case" && i + 1 < argc) mode = "case", name = argv[++i];
     else if (a == "--list" || a == "--check" || a == "--all" || a == "--probe") mode = a.substr(2);
     else return usage();
