@@ -21,6 +21,7 @@
 #include "driver.hpp"
 #include "host_dtype.hpp"
 #include "jit.hpp"
+#include "ops.hpp"
 #include "reference.hpp"
 #include "specialization.hpp"
 
@@ -119,6 +120,34 @@ inline void compile_all(const std::vector<KernelSpec>& specs) {
     if (seen.insert(s.name()).second) todo.push_back(s);
   parallel_for(static_cast<int>(todo.size()),
                [&](int i) { compile_spec(todo[i], arch, suite_kernel_dir()); });
+}
+
+/// The kernels of every config of `op`'s candidate grid for `d` (and the
+/// backward's finalize kernel), for compile_all.
+inline std::vector<KernelSpec> grid_specs(Op op, const NormDesc& d, int max_cluster) {
+  std::vector<KernelSpec> specs;
+  for (const auto& cfg : candidate_grid(op, d, max_cluster)) specs.push_back(make_spec(op, d, cfg));
+  if (op == Op::Backward) specs.push_back(finalize_spec(d));
+  return specs;
+}
+
+/// Launches config `cfg` of `op` on the tensors of `s` (the backward with a
+/// fresh workspace of the size its grid needs), outputs poisoned first.
+/// Returns false, launching nothing, where the tuner would prune the
+/// kernel (it spills, or no block fits).
+inline bool launch_candidate(KernelCache& jit, const DeviceInfo& dev, Op op, const NormDesc& d,
+                             const LaunchConfig& cfg, Scratch& s) {
+  auto k = jit.get(make_spec(op, d, cfg), dev.arch());
+  if (k->local_bytes > 0 || k->blocks_per_sm < 1) return false;
+  s.poison();
+  if (op == Op::Forward) {
+    launch_forward(*k, d, s.forward_tensors(), dev.sm_count, nullptr);
+  } else {
+    const Geometry g = backward_geometry(*k, d, cfg, dev.sm_count);
+    s.workspace = DeviceBuffer(std::max<std::size_t>(16, backward_workspace_bytes(g, d)));
+    launch_backward(*k, *jit.get(finalize_spec(d), dev.arch()), d, s.backward_tensors(), g, nullptr);
+  }
+  return true;
 }
 
 /// One engine call a case will make: x, y, weight (dy, dx) start `offset`

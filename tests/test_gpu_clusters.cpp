@@ -102,22 +102,12 @@ Launched check_cluster_runs(const std::vector<ClusterRun>& runs) {
     CAPTURE(seed);
     Scratch s(r.op, d, seed);
     const Reference ref = reference_outputs(r.op, d, s);
-    auto fin = jit.get(finalize_spec(d), dev.arch());
     for (const auto& cfg : r.configs) {
       CAPTURE(cfg.str());
-      auto k = jit.get(make_spec(r.op, d, cfg), dev.arch());
       const int size = cfg.stages > 0 && cfg.cluster > 1 ? 100 : cfg.cluster;
-      if (k->local_bytes > 0 || k->blocks_per_sm < 1) {  // the tuner prunes these too
+      if (!launch_candidate(jit, dev, r.op, d, cfg, s)) {
         launched.pruned.insert(size);
         continue;
-      }
-      s.poison();
-      if (r.op == Op::Forward) {
-        launch_forward(*k, d, s.forward_tensors(), dev.sm_count, nullptr);
-      } else {
-        const Geometry g = backward_geometry(*k, d, cfg, dev.sm_count);
-        s.workspace = DeviceBuffer(std::max<std::size_t>(16, backward_workspace_bytes(g, d)));
-        launch_backward(*k, *fin, d, s.backward_tensors(), g, nullptr);
       }
       for (const auto& c : compare_outputs(s, ref)) {
         CAPTURE(c.name);

@@ -135,11 +135,9 @@ GPU_TEST_CASE("fp8: every autotune candidate of two FP8 shapes matches float64")
     std::vector<KernelSpec> ks;
     for (const char* spec : specs) {
       const NormDesc d = detail::parse_shape_spec(spec).desc;
-      for (Op op : {Op::Forward, Op::Backward}) {
-        if (op == Op::Backward && !is_fp8(d.x_dtype)) continue;
-        for (const auto& cfg : candidate_grid(op, d, dev.max_cluster)) ks.push_back(make_spec(op, d, cfg));
-        if (op == Op::Backward) ks.push_back(finalize_spec(d));
-      }
+      for (Op op : {Op::Forward, Op::Backward})
+        if (op == Op::Forward || is_fp8(d.x_dtype))
+          for (auto& k : grid_specs(op, d, dev.max_cluster)) ks.push_back(std::move(k));
     }
     compile_all(ks);
   }
@@ -153,18 +151,8 @@ GPU_TEST_CASE("fp8: every autotune candidate of two FP8 shapes matches float64")
       int ran = 0;
       for (const auto& cfg : candidate_grid(op, d, dev.max_cluster)) {
         CAPTURE(cfg.str());
-        auto k = jit.get(make_spec(op, d, cfg), dev.arch());
-        if (k->local_bytes > 0 || k->blocks_per_sm < 1) continue;  // the tuner prunes these too
+        if (!launch_candidate(jit, dev, op, d, cfg, s)) continue;  // pruned, as the tuner prunes it
         ++ran;
-        s.poison();
-        if (op == Op::Forward) {
-          launch_forward(*k, d, s.forward_tensors(), dev.sm_count, nullptr);
-        } else {
-          auto fin = jit.get(finalize_spec(d), dev.arch());
-          const Geometry g = backward_geometry(*k, d, cfg, dev.sm_count);
-          s.workspace = DeviceBuffer(std::max<std::size_t>(16, backward_workspace_bytes(g, d)));
-          launch_backward(*k, *fin, d, s.backward_tensors(), g, nullptr);
-        }
         for (const auto& c : compare_outputs(s, ref)) {
           CAPTURE(c.name);
           CHECK(c.err <= c.tol);
