@@ -8,8 +8,8 @@
 #   concurrency  tools/concurrent_tune.sh: 8 tuners into one cache directory,
 #                then tuners killed with SIGKILL
 # and one summary table at the end (also in summary.txt). Logs go to
-# ./gpu-check-out (--out DIR); with $OUT set (the device tool), only
-# summary.txt and gpu-check.tar.gz (every log) are copied there.
+# ./gpu-check-out (--out DIR); with $OUT set (a remote runner's output folder),
+# summary.txt and gpu-check.tar.gz (every log) are also copied there.
 #
 #   tools/gpu_check.sh [--build DIR] [--out DIR] [--quick] [PHASE...]
 #
