@@ -226,11 +226,15 @@ TEST_CASE("fp8: quant_bounds accept an fp32 kernel's q and scales, and reject a 
     const Fp32Run run = fp32_forward(d, in);
     const auto bounds = [&](const std::vector<float>& scale) {
       return quant_bounds(d, in, run.rstd, d.norm == normjit::NormKind::LayerNorm ? run.mean : std::vector<float>{},
-                          scale);
+                          scale, tolerance(DType::F32));
     };
     const QuantBounds qb = bounds(run.scale);
     CHECK(count_outside(run.scale, qb.scale_lo, qb.scale_hi) == 0);
     CHECK(count_codes_outside(d.y_dtype, run.q, qb, d.M, d.N, false) == 0);
+    // Without the kernel's statistics: float64's, widened by their tolerance.
+    const QuantBounds wide = quant_bounds(d, in, {}, {}, run.scale, tolerance(DType::F32));
+    CHECK(count_outside(run.scale, wide.scale_lo, wide.scale_hi) == 0);
+    CHECK(count_codes_outside(d.y_dtype, run.q, wide, d.M, d.N, false) == 0);
     // A scale 1e-5 off (about 170 fp32 units) is outside its bound.
     std::vector<float> bad_scale = run.scale;
     bad_scale[3] *= 1.00001f;

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -44,13 +43,44 @@ inline double round_as(DType t, double v) {
   return load_as(t, b, 0);
 }
 
+/// Elements of a row that share one scale: N (Tensor, Token), G (Group),
+/// 32 (MX).
+inline std::size_t scale_group(const NormDesc& d) {
+  if (d.quant == QuantScaling::Group) return static_cast<std::size_t>(d.quant_group);
+  if (d.quant == QuantScaling::MX) return 32;
+  return static_cast<std::size_t>(d.N);
+}
+
+/// Index in y_scale of row i's group g (Token: g = 0; Group: row- or
+/// column-major).
+inline std::size_t scale_index(const NormDesc& d, std::size_t i, std::size_t g) {
+  const std::size_t NG = static_cast<std::size_t>(d.N) / scale_group(d);
+  return d.scale_col_major ? g * static_cast<std::size_t>(d.M) + i : i * NG + g;
+}
+
+/// The scale of a tensor, row or group whose amax is `a` (QuantScaling):
+/// max(a / fmax, 2^-126), with a / fmax first scaled by (1 + rel) (0 for the
+/// reference; a bound passes the fp32 rounding it allows), capped at
+/// scale_ub (Token), rounded up to a power of two (UE8M0); MX: 2^e with
+/// e = clamp(floor(log2 a) - emax, -127, 127).
+inline double scale_rule(const NormDesc& d, double a, double rel = 0) {
+  if (d.quant == QuantScaling::MX) {
+    const int emax = d.y_dtype == DType::E4M3 ? 8 : 15;
+    const int e = a >= 0x1p-126 ? static_cast<int>(std::floor(std::log2(a))) : -127;
+    return std::ldexp(1.0, std::clamp(e - emax, -127, 127));
+  }
+  double s = std::fmax(a / fp8_max(d.y_dtype) * (1 + rel), static_cast<double>(kMinScale));
+  if (d.quant == QuantScaling::Token && d.scale_ub > 0) s = std::fmin(s, static_cast<double>(d.scale_ub));
+  if (d.scale_ue8m0) s = std::ldexp(1.0, static_cast<int>(std::ceil(std::log2(s))));
+  return s;
+}
+
 /// Quantizes out["y"] (the float64 y) as `d.quant` says (QuantScaling):
 /// y becomes the FP8 values q, with y_scale (and amax, y_hp, y_t) beside it.
 /// amax ignores NaN, as the kernels do.
 inline void quantize_reference(const NormDesc& d, const HostTensors& in, HostTensors& out) {
   const std::size_t M = static_cast<std::size_t>(d.M), N = static_cast<std::size_t>(d.N);
   std::vector<double>& y = out["y"];
-  const double fmax = fp8_max(d.y_dtype), min_scale = static_cast<double>(kMinScale);
   auto amax_of = [&](std::size_t i, std::size_t j0, std::size_t n) {
     double a = 0;
     for (std::size_t j = j0; j < j0 + n; ++j) a = std::fmax(a, std::fabs(y[i * N + j]));
@@ -68,7 +98,7 @@ inline void quantize_reference(const NormDesc& d, const HostTensors& in, HostTen
         double a = 0;
         for (std::size_t i = 0; i < M; ++i) a = std::fmax(a, amax_of(i, 0, N));
         out["amax"] = {a};
-        s = std::fmax(a / fmax, min_scale);
+        s = scale_rule(d, a);
         sc = {s};
       } else {
         out.erase("y_scale");  // an input
@@ -77,37 +107,17 @@ inline void quantize_reference(const NormDesc& d, const HostTensors& in, HostTen
       break;
     }
     case QuantScaling::Token:
-      sc.assign(M, 0.0);
-      parallel_blocks(M, 1, [&](std::size_t r0, std::size_t r1) {
-        for (std::size_t i = r0; i < r1; ++i) {
-          double s = std::fmax(amax_of(i, 0, N) / fmax, min_scale);
-          if (d.scale_ub > 0) s = std::fmin(s, static_cast<double>(d.scale_ub));
-          sc[i] = s;
-          std::fill(scale_of.begin() + i * N, scale_of.begin() + (i + 1) * N, s);
-        }
-      });
-      break;
     case QuantScaling::Group:
     case QuantScaling::MX: {
-      const bool mx = d.quant == QuantScaling::MX;
-      const std::size_t G = mx ? 32 : static_cast<std::size_t>(d.quant_group), NG = N / G;
-      sc.assign(M * NG, 0.0);
+      const std::size_t G = scale_group(d);
+      sc.assign(M * (N / G), 0.0);
       parallel_blocks(M, 1, [&](std::size_t r0, std::size_t r1) {
-      for (std::size_t i = r0; i < r1; ++i)
-        for (std::size_t g = 0; g < NG; ++g) {
-          const double a = amax_of(i, g * G, G);
-          double s;
-          if (mx) {
-            const int emax = d.y_dtype == DType::E4M3 ? 8 : 15;
-            const int e = a >= 0x1p-126 ? static_cast<int>(std::floor(std::log2(a))) : -127;
-            s = std::ldexp(1.0, std::clamp(e - emax, -127, 127));
-          } else {
-            s = std::fmax(a / fmax, min_scale);
-            if (d.scale_ue8m0) s = std::ldexp(1.0, static_cast<int>(std::ceil(std::log2(s))));
+        for (std::size_t i = r0; i < r1; ++i)
+          for (std::size_t g = 0; g < N / G; ++g) {
+            const double s = scale_rule(d, amax_of(i, g * G, G));
+            sc[scale_index(d, i, g)] = s;
+            std::fill(scale_of.begin() + i * N + g * G, scale_of.begin() + i * N + (g + 1) * G, s);
           }
-          sc[d.scale_col_major ? g * M + i : i * NG + g] = s;
-          std::fill(scale_of.begin() + i * N + g * G, scale_of.begin() + i * N + (g + 1) * G, s);
-        }
       });
       break;
     }
@@ -245,10 +255,10 @@ inline int fp8_ordinal(DType t, float v) {
 /// kernel's y_scale as written (its layout), or for TensorStatic the input.
 inline QuantBounds quant_bounds(const NormDesc& d, const HostTensors& in, const std::vector<float>& rstd,
                                 const std::vector<float>& mean, const std::vector<float>& scale,
-                                double stat_rel = 1e-4) {
+                                double stat_rel) {
   const bool ln = d.norm == NormKind::LayerNorm;
   const std::size_t M = static_cast<std::size_t>(d.M), N = static_cast<std::size_t>(d.N);
-  const double fmax = fp8_max(d.y_dtype), min_scale = static_cast<double>(kMinScale), u = 0x1p-24;
+  const double u = 0x1p-24;
   const double* w = d.has_weight ? in.at("weight").data() : nullptr;
   const double* b = ln && d.has_bias ? in.at("bias").data() : nullptr;
   HostTensors ref_stats;
@@ -270,7 +280,7 @@ inline QuantBounds quant_bounds(const NormDesc& d, const HostTensors& in, const 
       for (std::size_t j = 0; j < N; ++j) {
         const double t = (h[j] - mu) * r;
         double e = fp32_gamma(4) * (std::fabs(h[j]) + std::fabs(mu)) * std::fabs(r);
-        if (!own) e += stat_rel * (std::fabs(t) + std::fabs(r * ref_stats.at("mean_scale")[i] * (ln ? 1 : 0)));
+        if (!own) e += stat_rel * (std::fabs(t) + (ln ? std::fabs(r) * ref_stats.at("mean_scale")[i] : 0.0));
         double tlo = t - e, thi = t + e;
         if (d.cast_mode == CastMode::Llama) tlo = round_as(d.x_dtype, tlo), thi = round_as(d.x_dtype, thi);
         const double wp = w ? w[j] + d.weight_offset : 1.0, bj = b ? b[j] : 0.0;
@@ -291,22 +301,10 @@ inline QuantBounds quant_bounds(const NormDesc& d, const HostTensors& in, const 
     }
     return std::pair{lo, hi};
   };
-  auto scale_lo = [&](double a) { return std::fmax(a / fmax * (1 - u), min_scale); };
-  auto scale_hi = [&](double a) { return std::fmax(a / fmax * (1 + u), min_scale); };
-  auto pow2_ceil = [](double s) { return std::ldexp(1.0, static_cast<int>(std::ceil(std::log2(s)))); };
-  auto mx_scale = [&](double a) {
-    const int emax = d.y_dtype == DType::E4M3 ? 8 : 15;
-    const int e = a >= 0x1p-126 ? static_cast<int>(std::floor(std::log2(a))) : -127;
-    return std::ldexp(1.0, std::clamp(e - emax, -127, 127));
-  };
   QuantBounds qb;
-  // The kernel's scale of element (i, j), by granularity.
-  std::function<double(std::size_t, std::size_t)> scale_at;
   switch (d.quant) {
     case QuantScaling::None: return qb;
-    case QuantScaling::TensorStatic:
-      scale_at = [&](std::size_t, std::size_t) { return static_cast<double>(scale.at(0)); };
-      break;
+    case QuantScaling::TensorStatic: break;
     case QuantScaling::Tensor: {
       double lo = 0, hi = 0;
       for (std::size_t i = 0; i < M; ++i) {
@@ -315,45 +313,30 @@ inline QuantBounds quant_bounds(const NormDesc& d, const HostTensors& in, const 
       }
       qb.amax_lo = {lo};
       qb.amax_hi = {hi};
-      qb.scale_lo = {scale_lo(lo)};
-      qb.scale_hi = {scale_hi(hi)};
-      scale_at = [&](std::size_t, std::size_t) { return static_cast<double>(scale.at(0)); };
+      qb.scale_lo = {scale_rule(d, lo, -u)};
+      qb.scale_hi = {scale_rule(d, hi, u)};
       break;
     }
     case QuantScaling::Token:
-      for (std::size_t i = 0; i < M; ++i) {
-        const auto [l, h] = amax_of(i, 0, N);
-        double sl = scale_lo(l), sh = scale_hi(h);
-        if (d.scale_ub > 0) sl = std::fmin(sl, d.scale_ub), sh = std::fmin(sh, d.scale_ub);
-        qb.scale_lo.push_back(sl);
-        qb.scale_hi.push_back(sh);
-      }
-      scale_at = [&](std::size_t i, std::size_t) { return static_cast<double>(scale.at(i)); };
-      break;
     case QuantScaling::Group:
     case QuantScaling::MX: {
-      const bool mx = d.quant == QuantScaling::MX;
-      const std::size_t G = mx ? 32 : static_cast<std::size_t>(d.quant_group), NG = N / G;
-      qb.scale_lo.assign(M * NG, 0.0);
-      qb.scale_hi.assign(M * NG, 0.0);
-      auto at = [&](std::size_t i, std::size_t g) { return d.scale_col_major ? g * M + i : i * NG + g; };
+      const std::size_t G = scale_group(d);
+      qb.scale_lo.assign(M * (N / G), 0.0);
+      qb.scale_hi.assign(M * (N / G), 0.0);
       for (std::size_t i = 0; i < M; ++i)
-        for (std::size_t g = 0; g < NG; ++g) {
+        for (std::size_t g = 0; g < N / G; ++g) {
           const auto [l, h] = amax_of(i, g * G, G);
-          double sl, sh;
-          if (mx) {
-            sl = mx_scale(l), sh = mx_scale(h);
-          } else {
-            sl = scale_lo(l), sh = scale_hi(h);
-            if (d.scale_ue8m0) sl = pow2_ceil(sl), sh = pow2_ceil(sh);
-          }
-          qb.scale_lo[at(i, g)] = sl;
-          qb.scale_hi[at(i, g)] = sh;
+          qb.scale_lo[scale_index(d, i, g)] = scale_rule(d, l, -u);
+          qb.scale_hi[scale_index(d, i, g)] = scale_rule(d, h, u);
         }
-      scale_at = [&, G, at](std::size_t i, std::size_t j) { return static_cast<double>(scale.at(at(i, j / G))); };
       break;
     }
   }
+  // The kernel's scale of element (i, j).
+  const bool per_tensor = d.quant == QuantScaling::Tensor || d.quant == QuantScaling::TensorStatic;
+  auto scale_at = [&](std::size_t i, std::size_t j) {
+    return static_cast<double>(per_tensor ? scale.at(0) : scale.at(scale_index(d, i, j / scale_group(d))));
+  };
   // q's code range, given the kernel's scale.
   qb.q_lo.assign(M * N, 0);
   qb.q_hi.assign(M * N, 0);
