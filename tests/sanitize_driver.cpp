@@ -117,9 +117,10 @@ std::vector<Op> ops_of(const Case& c) {
 // The configs to run: the heuristic's first, then the whole grid, or with
 // `quick` the first config of each kind (and the grid's last, its most
 // complex).
-std::vector<LaunchConfig> configs_for(Op op, const NormDesc& d, int max_cluster, bool quick) {
+std::vector<LaunchConfig> configs_for(Op op, const NormDesc& d, const DeviceFacts& facts, bool quick) {
+  const int max_cluster = facts.max_cluster;
   const auto grid = candidate_grid(op, d, max_cluster);
-  std::vector<LaunchConfig> out = {heuristic_config(op, d, max_cluster)};
+  std::vector<LaunchConfig> out = {heuristic_config(op, d, facts)};
   auto add = [&](const LaunchConfig& c) {
     for (const auto& o : out)
       if (o == c) return;
@@ -197,9 +198,10 @@ Engine& engine(const Options& o) {
 int run_case(const Case& c, const Options& o, const DeviceInfo& dev, KernelCache& jit) {
   const NormDesc d = desc_of(c);
   int bad = 0;
-  const int max_cluster = o.max_cluster > 0 ? std::min(o.max_cluster, dev.max_cluster) : dev.max_cluster;
+  DeviceFacts facts = dev.facts();
+  facts.max_cluster = o.max_cluster > 0 ? std::min(o.max_cluster, dev.max_cluster) : dev.max_cluster;
   for (Op op : ops_of(c)) {
-    const auto cfgs = configs_for(op, d, max_cluster, o.quick);
+    const auto cfgs = configs_for(op, d, facts, o.quick);
     // Compiled in parallel into the disk cache first (a plain run fills it
     // for the sanitizer runs that follow).
     std::vector<KernelSpec> specs;
@@ -235,7 +237,7 @@ int run_case(const Case& c, const Options& o, const DeviceInfo& dev, KernelCache
     }
     // The engine's own path: its config (tuned cache or heuristic) and its
     // alignment fitting (unless its config's cluster is past --max-cluster).
-    const bool engine_ran = engine(o).config_for(op, d).cluster <= max_cluster;
+    const bool engine_ran = engine(o).config_for(op, d).cluster <= facts.max_cluster;
     if (engine_ran) {
       fresh_outputs(s, o.poison);
       fmt::print("launch {} {} engine\n", c.name, op_name(op));
@@ -251,7 +253,7 @@ int run_case(const Case& c, const Options& o, const DeviceInfo& dev, KernelCache
     }
     fmt::print("{} {} {}: {} configs of {} ran ({}), {} not launchable{}\n", c.name, op_name(op), d.str(), ran,
                candidate_grid(op, d, dev.max_cluster).size(), engine_ran ? "+ the engine's call" : "not the engine's call",
-               skipped, max_cluster < dev.max_cluster ? fmt::format(", clusters of at most {}", max_cluster) : "");
+               skipped, facts.max_cluster < dev.max_cluster ? fmt::format(", clusters of at most {}", facts.max_cluster) : "");
     std::fflush(stdout);
   }
   return bad;
@@ -294,20 +296,22 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (mode == "check") {  // CPU only: specs parse, grids are not empty, names unique
+      // No device here: an H100's facts (132 SMs, 3352 GB/s) choose the model's configs.
+      const DeviceFacts h100 = DeviceFacts::of(9, 0, 132, std::int64_t{50} << 20, 3352);
       std::set<std::string> names;
       for (const auto& c : cases) {
         if (!names.insert(c.name).second) throw Error(ErrorKind::InvalidArgument, fmt::format("case {} twice", c.name));
         const NormDesc d = desc_of(c);
         for (Op op : ops_of(c))
           for (bool quick : {true, false})
-            if (configs_for(op, d, kMaxCluster, quick).empty())
+            if (configs_for(op, d, h100, quick).empty())
               throw Error(ErrorKind::InvalidArgument, fmt::format("case {}: no config", c.name));
         std::printf("%-18s %-55s fwd %3zu configs (quick %zu)", c.name, c.spec,
-                    c.fwd ? configs_for(Op::Forward, d, kMaxCluster, false).size() : 0,
-                    c.fwd ? configs_for(Op::Forward, d, kMaxCluster, true).size() : 0);
+                    c.fwd ? configs_for(Op::Forward, d, h100, false).size() : 0,
+                    c.fwd ? configs_for(Op::Forward, d, h100, true).size() : 0);
         if (c.bwd)
-          std::printf(", bwd %3zu (quick %zu)", configs_for(Op::Backward, d, kMaxCluster, false).size(),
-                      configs_for(Op::Backward, d, kMaxCluster, true).size());
+          std::printf(", bwd %3zu (quick %zu)", configs_for(Op::Backward, d, h100, false).size(),
+                      configs_for(Op::Backward, d, h100, true).size());
         std::printf("\n");
       }
       std::printf("%zu cases, %zu in the quick sample\n", cases.size(),
@@ -332,7 +336,7 @@ int main(int argc, char** argv) {
     if (mode == "probe") {  // one allocation, one launch, one copy back
       const NormDesc d = parse_shape_spec("rms:bf16:8x64").desc;
       Scratch s(Op::Forward, d, 1);
-      auto k = jit.get(make_spec(Op::Forward, d, heuristic_config(Op::Forward, d, dev.max_cluster)), dev.arch());
+      auto k = jit.get(make_spec(Op::Forward, d, heuristic_config(Op::Forward, d, dev.facts())), dev.arch());
       launch_forward(*k, d, s.forward_tensors(), dev.sm_count, nullptr);
       s.download("y");
       std::printf("probe ok on %s (%s)\n", dev.name.c_str(), dev.arch().c_str());

@@ -145,12 +145,9 @@ TEST_CASE("config_grid: every grid is non-empty, valid, sorted and holds the heu
     check_members_valid(op, d, grid);
     check_order_and_uniqueness(grid);
     check_two_pass_exactly_when_needed(op, d, grid);
-    const LaunchConfig h = heuristic_config(op, d);
+    const LaunchConfig h = heuristic_config(op, d, normjit_test::test_facts(1));
     CAPTURE(h.str());
     CHECK(in_grid(grid, h));
-    // 16-byte vectors forward and two-pass, 4 elements backward.
-    if (op == Op::Forward || max_vec(op, d) <= 4 || h.two_pass) CHECK(h.vec == max_vec(op, d));
-    else CHECK(h.vec == 4);
   });
 }
 
@@ -333,14 +330,14 @@ TEST_CASE("config_grid: clusters split wide rows and decode rows, only where the
       }
     }
     CHECK(clustered > 0);
-    const LaunchConfig h = heuristic_config(op, wide, 16);
+    const LaunchConfig h = heuristic_config(op, wide, normjit_test::test_facts(16));
     CAPTURE(h.str());
     CHECK(h.cluster > 1);
     CHECK_FALSE(h.two_pass);
     CHECK(in_grid(grid, h));
     // Decode rows spread over a cluster; large-M narrow rows stay in one CTA.
-    CHECK(heuristic_config(op, make_desc(1, 8192), 16).cluster > 1);
-    CHECK(heuristic_config(op, make_desc(8192, 4096), 16).cluster == 1);
+    CHECK(heuristic_config(op, make_desc(1, 8192), normjit_test::test_facts(16)).cluster > 1);
+    CHECK(heuristic_config(op, make_desc(8192, 4096), normjit_test::test_facts(16)).cluster == 1);
     if (op == Op::Backward) CHECK(h.stages == 2);
   }
   // A cluster's rules: one row per program, no two-pass, whole warps, whole
@@ -399,57 +396,3 @@ TEST_CASE("config_grid: clusters split wide rows and decode rows, only where the
   CHECK(launch_geometry(Op::Backward, make_desc(3, 65536), c8, 132, 2, 30).programs == 3);
 }
 
-TEST_CASE("consensus_config: neighbours outvote one entry's winner; only valid grid configs") {
-  const NormDesc d = make_desc(4096, 4096);
-  const auto grid = candidate_grid(Op::Forward, d, 16);
-  REQUIRE(grid.size() >= 3);
-  const LaunchConfig x = heuristic_config(Op::Forward, d, 16);
-  LaunchConfig y = x;
-  y.threads_per_row = x.threads_per_row == 128 ? 256 : 128;
-  REQUIRE(config_valid(Op::Forward, d, y, nullptr, 16));
-  auto entry = [](std::vector<CandidateTiming> c) {
-    TunedEntry e;
-    e.winner = c.front().config;
-    e.winner_us = c.front().median_us;
-    e.candidates = std::move(c);
-    return e;
-  };
-  // The nearest entry prefers x by 2%; both others prefer y by 10% or more.
-  const TunedEntry a = entry({{x, 10.0, ""}, {y, 10.2, ""}});
-  const TunedEntry b = entry({{y, 20.0, ""}, {x, 22.0, ""}});
-  const TunedEntry c = entry({{y, 30.0, ""}});
-  auto got = consensus_config(Op::Forward, d, {{&a, 0.0}, {&b, 1.0}, {&c, 1.0}}, 16);
-  REQUIRE(got);
-  CHECK(*got == y);
-  // Alone, the nearest entry decides.
-  got = consensus_config(Op::Forward, d, {{&a, 0.0}}, 16);
-  REQUIRE(got);
-  CHECK(*got == x);
-  // Rejected candidates never count; nothing usable gives nullopt.
-  const TunedEntry rejected = entry({{x, -1, "mismatch"}});
-  CHECK_FALSE(consensus_config(Op::Forward, d, {{&rejected, 0.0}}, 16));
-  CHECK_FALSE(consensus_config(Op::Forward, d, {}, 16));
-  // A config this shape's grid does not hold (a cluster on a GPU without
-  // clusters) is skipped for the next.
-  LaunchConfig clustered = x;
-  clustered.cluster = 4;
-  const TunedEntry cl = entry({{clustered, 5.0, ""}, {y, 6.0, ""}});
-  got = consensus_config(Op::Forward, d, {{&cl, 0.0}}, 1);
-  REQUIRE(got);
-  CHECK(*got == y);
-}
-
-TEST_CASE("adapt_config: a neighbour's wide vectors narrowed for an odd row, still valid") {
-  const NormDesc even = make_desc(281, 9408), odd = make_desc(281, 9399);
-  for (Op op : {Op::Forward, Op::Backward}) {
-    const LaunchConfig c = heuristic_config(op, even, 16);
-    REQUIRE(c.vec > 1);
-    CHECK(adapt_config(op, even, c, 16) == c);  // valid configs are kept
-    const LaunchConfig a = adapt_config(op, odd, c, 16);
-    CAPTURE(a.str());
-    CHECK(a.vec == 1);
-    // The forward fits; a staged backward may not (cp.async needs 4-byte
-    // chunks), and consensus_config then skips it, as documented.
-    if (op == Op::Forward) CHECK(config_valid(op, odd, a, nullptr, 16));
-  }
-}

@@ -580,7 +580,7 @@ TEST_CASE("fuzz: shape specs parse or throw normjit::Error; accepted specs round
         st.fail(fmt::format("the shape key changed in the round trip: {} -> {}", shape_key(Op::Forward, d),
                             shape_key(Op::Forward, again)),
                 text);
-      const LaunchConfig h = heuristic_config(Op::Forward, d, kMaxCluster);
+      const LaunchConfig h = heuristic_config(Op::Forward, d, normjit_test::test_facts(kMaxCluster));
       std::string why;
       if (!config_valid(Op::Forward, d, h, &why, kMaxCluster))
         st.fail(fmt::format("the heuristic config {} is not valid: {}", h.str(), why), text);
@@ -590,7 +590,7 @@ TEST_CASE("fuzz: shape specs parse or throw normjit::Error; accepted specs round
     }
     try {  // the backward may be refused (e.g. norstd), with an Error
       shape_key(Op::Backward, d);
-      heuristic_config(Op::Backward, d, kMaxCluster);
+      heuristic_config(Op::Backward, d, normjit_test::test_facts(kMaxCluster));
     } catch (const Error&) {
     }
   };
@@ -682,7 +682,7 @@ std::string current_cache_text(const DeviceFingerprint& dev, const CacheMetadata
       const NormDesc d = parse_shape_spec(spec).desc;
       TunedEntry e;
       e.shape = shape_spec(d);
-      e.winner = heuristic_config(op, d, kMaxCluster);
+      e.winner = heuristic_config(op, d, normjit_test::test_facts(kMaxCluster));
       e.kernel_hash = tuned_kernel_hash(op, d, e.winner);
       e.winner_us = 10.5;
       e.tuned_at = "2026-11-21T06:00:00Z";
@@ -795,7 +795,7 @@ TEST_CASE("fuzz: damaged tuned-cache files are skipped or healed, never crash, a
     for (const auto& [p, t] : shipped_files) normjit_test::write_text_file(p, t);
     warnings.clear();
     TunedCache cache(user.string(), {shipped.string()}, dev, md, [&](const std::string& w) { warnings.push_back(w); });
-    // Lookups, the neighbour search and the explanation never throw.
+    // Lookups and the explanation never throw.
     std::vector<std::string> probe = {keys[n % keys.size()], "rms_fwd:x=bf16:y=bf16:w=bf16:rstd:N=5000:M<=512",
                                       m.mutate(keys[(n / 3) % keys.size()])};
     try {
@@ -806,11 +806,10 @@ TEST_CASE("fuzz: damaged tuned-cache files are skipped or healed, never crash, a
     }
     for (const auto& k : probe) {
       cache.lookup(k);
-      cache.nearest_k(k, kNeighbours, [](const std::string&, const TunedEntry&) { return true; });
     }
     const NormDesc d = parse_shape_spec("rms:bf16:1024x4096").desc;
     for (TunePolicy p : {TunePolicy::Never, TunePolicy::OnFirstUse})
-      for (bool skip : {false, true}) explain_config(cache, Op::Forward, d, kMaxCluster, p, skip);
+      for (bool skip : {false, true}) explain_config(cache, Op::Forward, d, normjit_test::test_facts(), p, skip);
     list_tuned_cache_files(shipped.string(), [&](const std::string& w) { warnings.push_back(w); });
     // A store heals a damaged user file: afterwards it parses and holds the entry.
     if (n % 4 == 0) {
@@ -979,11 +978,11 @@ TEST_CASE("fuzz: the cubin check accepts every kind of kernel, so valid cubins a
     }
   REQUIRE(cluster.cluster > 1);
   const std::vector<KernelSpec> specs = {
-      make_spec(Op::Forward, plain, heuristic_config(Op::Forward, plain, kMaxCluster)),
-      make_spec(Op::Backward, plain, heuristic_config(Op::Backward, plain, kMaxCluster)),
+      make_spec(Op::Forward, plain, heuristic_config(Op::Forward, plain, normjit_test::test_facts(kMaxCluster))),
+      make_spec(Op::Backward, plain, heuristic_config(Op::Backward, plain, normjit_test::test_facts(kMaxCluster))),
       finalize_spec(plain),
       make_spec(Op::Forward, wide, cluster),
-      make_spec(Op::Forward, fp8, heuristic_config(Op::Forward, fp8, kMaxCluster)),
+      make_spec(Op::Forward, fp8, heuristic_config(Op::Forward, fp8, normjit_test::test_facts(kMaxCluster))),
   };
   const auto dir = make_temp_dir("fuzz-cubin-kinds");
   const std::string kdir = (*dir / "kernels").string();

@@ -2,11 +2,15 @@
 // tuning, the tune policies and the tuned-config cache on a real device.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
+
+#include <cstdlib>
 
 #include "autotune.hpp"
 #include "config_grid.hpp"
 #include "gpu_harness.hpp"
+#include "normjit/normjit.h"
 #include "ops.hpp"
 #include "test_util.hpp"
 #include "tuned_cache.hpp"
@@ -120,10 +124,9 @@ GPU_TEST_CASE("tuning stores a winner that later engines find; policies behave")
     Engine e(o);
     ConfigSource src{};
     const LaunchConfig c = e.config_for(Op::Forward, d, &src);
-    // A neighbour where a shipped cache holds this device and variant.
-    CHECK((src == ConfigSource::Heuristic || src == ConfigSource::Neighbour));
-    if (src == ConfigSource::Heuristic)
-      CHECK(c == heuristic_config(Op::Forward, d, device_info(current_device()).max_cluster));
+    // No exact entry: the config model's, from this device's facts.
+    CHECK(src == ConfigSource::Heuristic);
+    CHECK(c == heuristic_config(Op::Forward, d, device_info(current_device()).facts()));
     const ConfigExplanation x = e.explain(Op::Forward, d);
     CHECK(x.config == c);
     CHECK(x.source == src);
@@ -151,15 +154,24 @@ GPU_TEST_CASE("tuning stores a winner that later engines find; policies behave")
     d2.M = 3000;
     CHECK(e.config_for(Op::Forward, d2, &src) == tuned);
   }
-  // The stored entry keeps every candidate's time.
+  // The stored entry keeps the time of every candidate the local search
+  // timed, the model's config among them.
   const auto files = list_tuned_cache_files(dir + "/tuned", default_warn);
   REQUIRE(files.size() == 1);
   const auto& entry = files[0].entries.at(shape_key(Op::Forward, d));
   CHECK(entry.winner == tuned);
-  CHECK(entry.candidates.size() == candidate_grid(Op::Forward, d).size());
-  int timed = 0;
-  for (const auto& c : entry.candidates) timed += c.median_us > 0;
-  CHECK(timed > 0);
+  const DeviceInfo dev = device_info(current_device());
+  const auto grid = candidate_grid(Op::Forward, d, dev.max_cluster);
+  CHECK(entry.candidates.size() <= grid.size());
+  const LaunchConfig model = heuristic_config(Op::Forward, d, dev.facts());
+  double model_us = -1;
+  for (const auto& c : entry.candidates) {
+    CHECK(std::find(grid.begin(), grid.end(), c.config) != grid.end());
+    if (c.config == model) model_us = c.median_us;
+  }
+  REQUIRE(model_us > 0);
+  // Tuning stores no config that is not > 2% faster than the model's.
+  CHECK((entry.winner == model || entry.winner_us * 1.02 < model_us));
 }
 
 GPU_TEST_CASE("one engine used from several threads at once gives correct results") {
@@ -212,4 +224,33 @@ GPU_TEST_CASE("one engine used from several threads at once gives correct result
     CHECK(relative_error(j.y->values(), j.y_ref) <= tolerance(j.d.y_dtype));
     CHECK(relative_error(j.rstd->values(), j.rstd_ref) <= 1e-5);
   }
+}
+
+GPU_TEST_CASE("C ABI: NORMJIT_BUILTIN_CACHES=0 holds with options given, as without") {
+  // rms bf16 M = 4096, N = 4096 is a shape of the shipped grid.
+  normjit_norm_desc d;
+  REQUIRE(normjit_norm_desc_init(&d) == NORMJIT_SUCCESS);
+  d.M = 4096;
+  d.N = 4096;
+  normjit_engine_options o;
+  REQUIRE(normjit_engine_options_init(&o) == NORMJIT_SUCCESS);
+  const auto tmp = make_temp_dir("capi");
+  const std::string dir = tmp->string();
+  o.cache_dir = dir.c_str();
+  auto source_with = [&](const char* builtin) {
+    setenv("NORMJIT_BUILTIN_CACHES", builtin, 1);
+    normjit_engine e = nullptr;
+    REQUIRE(normjit_engine_create(&o, &e) == NORMJIT_SUCCESS);
+    char buf[64];
+    std::int32_t src = -1;
+    REQUIRE(normjit_config_for(e, NORMJIT_OP_FORWARD, &d, buf, sizeof buf, &src) == NORMJIT_SUCCESS);
+    normjit_engine_destroy(e);
+    unsetenv("NORMJIT_BUILTIN_CACHES");
+    return src;
+  };
+  CHECK(source_with("0") == NORMJIT_SOURCE_HEURISTIC);
+  // With the built-in caches the shape resolves to an entry, or, where
+  // pruning dropped it as no faster than the model, to the model.
+  const std::int32_t with = source_with("1");
+  CHECK((with == NORMJIT_SOURCE_SHIPPED_CACHE || with == NORMJIT_SOURCE_HEURISTIC));
 }

@@ -21,14 +21,14 @@ using namespace normjit::detail;
 namespace {
 KernelSpec spec_of(const char* shape, Op op) {
   const NormDesc d = parse_shape_spec(shape).desc;
-  return make_spec(op, d, heuristic_config(op, d, 8));
+  return make_spec(op, d, heuristic_config(op, d, normjit_test::test_facts(8)));
 }
 
 TunedEntry real_entry(const char* shape, Op op) {
   const NormDesc d = parse_shape_spec(shape).desc;
   TunedEntry e;
   e.shape = shape;
-  e.winner = heuristic_config(op, d, 8);
+  e.winner = heuristic_config(op, d, normjit_test::test_facts(8));
   e.kernel_hash = tuned_kernel_hash(op, d, e.winner);
   e.winner_us = 1;
   return e;
@@ -116,7 +116,7 @@ TEST_CASE("entry_staleness: current entries pass, changed kernels and inconsiste
   const NormDesc small = parse_shape_spec("rms:bf16:65536x4096").desc;
   NormDesc huge = small;
   huge.M = 1 << 20;
-  const LaunchConfig c = heuristic_config(Op::Forward, small, 8);
+  const LaunchConfig c = heuristic_config(Op::Forward, small, normjit_test::test_facts(8));
   CHECK(make_spec(Op::Forward, huge, c).index64);
   CHECK(tuned_kernel_hash(Op::Forward, small, c) == tuned_kernel_hash(Op::Forward, huge, c));
 }

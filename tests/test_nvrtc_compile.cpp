@@ -122,7 +122,7 @@ TEST_CASE("nvrtc: every norm-family variant compiles for sm_90") {
       for (Op op : {Op::Forward, Op::Backward}) {
         const auto grid = candidate_grid(op, v.desc);
         for (std::size_t i = 0; i < grid.size(); ++i)
-          if (i % 48 == 0 || grid[i] == heuristic_config(op, v.desc))
+          if (i % 48 == 0 || grid[i] == heuristic_config(op, v.desc, normjit_test::test_facts(1)))
             if (KernelSpec s = make_spec(op, v.desc, grid[i]); seen.insert(s.name()).second) specs.push_back(s);
       }
   MESSAGE(fmt::format("{} variant specs", specs.size()));
@@ -152,7 +152,7 @@ TEST_CASE("nvrtc: every FP8 variant compiles for sm_80 (software conversions), s
         if (op == Op::Backward && !is_fp8(v.desc.x_dtype)) continue;  // the backward of a quantized y is not FP8
         const auto grid = candidate_grid(op, v.desc, 8);
         REQUIRE_MESSAGE(!grid.empty(), v.name);
-        for (const auto& cfg : {grid.front(), grid.back(), heuristic_config(op, v.desc, 8)})
+        for (const auto& cfg : {grid.front(), grid.back(), heuristic_config(op, v.desc, normjit_test::test_facts(8))})
           if (KernelSpec s = make_spec(op, v.desc, cfg); seen.insert(s.name()).second) specs.push_back(s);
       }
   CHECK(std::count_if(specs.begin(), specs.end(), [](const KernelSpec& s) { return s.cfg.two_pass; }) > 0);

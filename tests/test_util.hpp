@@ -7,9 +7,18 @@
 #include <string>
 #include <vector>
 
+#include "config_grid.hpp"
 #include "normjit/normjit.hpp"
 
 namespace normjit_test {
+
+/// An H100's facts (132 SMs, 50 MiB L2, 3352 GB/s) with clusters up to `max_cluster`:
+/// the device the config model is asked about in tests without a GPU.
+inline normjit::detail::DeviceFacts test_facts(int max_cluster = normjit::kMaxCluster) {
+  auto f = normjit::detail::DeviceFacts::of(9, 0, 132, std::int64_t{50} << 20, 3352);
+  f.max_cluster = max_cluster;
+  return f;
+}
 
 bool contains(const std::string& text, const std::string& part);
 

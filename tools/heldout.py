@@ -21,11 +21,8 @@ own entries are left out, the other devices' stay), or the heuristic alone
 (`--caches none`), is scored without the device. Candidate-table ratios are over the fastest tuned candidate, so they
 read a little higher than the re-timed ratios of `run`.
 
-The draw: N log-uniform in [64, 262144], a multiple of 8 for 3 draws in 4
-(hidden sizes are) and any integer otherwise, never an N of the grid; M
-log-uniform in [1, 65536] with M * N <= the grid's max_elements; dtype,
-RMSNorm / LayerNorm, forward / backward uniform; forwards fuse the residual
-add half the time.
+The draw: see draw() (issue 19's: a quarter of the shapes decode rows, M
+up to 2^20 otherwise).
 """
 import argparse
 import json
@@ -56,7 +53,13 @@ def grid_ns(grid):
     return ns
 
 
-def draw(seed, count, grid_path=GRID):
+def draw(seed, count, grid_path=GRID, ops=("fwd", "bwd")):
+    """Issue 19's draw: N log-uniform in [64, 262144], a multiple of 8 for 3
+    draws in 4 and any integer otherwise, never an N of the grid; M
+    log-uniform in [1, 64] for a quarter of the shapes (decode) and in
+    [1, 2^20] otherwise, with M * N <= the grid's max_elements; dtype,
+    RMSNorm / LayerNorm and op uniform; forwards fuse the residual add half
+    the time."""
     grid = json.load(open(grid_path))
     taken = grid_ns(grid)
     max_el = grid["max_elements"]
@@ -68,18 +71,18 @@ def draw(seed, count, grid_path=GRID):
             n = max(64, n - n % 8)
         if n in taken:
             continue
-        m_max = min(65536, max_el // n)
+        m_max = min(64 if rng.random() < 0.25 else 1 << 20, max_el // n)
         m = round(math.exp(rng.uniform(0, math.log(m_max))))
         dtype = rng.choice(["fp32", "fp16", "bf16"])
         norm = rng.choice(["rms", "ln"])
-        op = rng.choice(["fwd", "bwd"])
+        op = rng.choice(list(ops))
         res = op == "fwd" and rng.random() < 0.5
         shapes.append({"op": op, "shape": f"{norm}:{dtype}:{m}x{n}{':res' if res else ''}"})
     return shapes
 
 
 def run(args):
-    shapes = draw(args.seed, args.count)
+    shapes = draw(args.seed, args.count, ops=args.ops.split(","))
     rows = []
     gpu = None
     for i, s in enumerate(shapes):
@@ -100,7 +103,10 @@ def run(args):
             print(f"[{i + 1}/{len(shapes)}] {r['op']} {s['shape']}: untuned {r['untuned_source']} {r['untuned']} "
                   f"{r['untuned_us']:.2f} us, tuned {r['tuned']} {r['tuned_us']:.2f} us -> {r['ratio']:.3f}",
                   flush=True)
-    json.dump({"gpu": gpu, "seed": args.seed, "rows": rows}, open(args.out, "w"), indent=1)
+        # Written after every shape (atomically), so a run cut short keeps what it timed.
+        with open(args.out + ".tmp", "w") as f:
+            json.dump({"gpu": gpu, "seed": args.seed, "rows": rows}, f, indent=1)
+        os.replace(args.out + ".tmp", args.out)
     print(summary([{"gpu": gpu, "rows": rows}]))
 
 
@@ -178,6 +184,7 @@ def main():
         p = sub.add_parser(name)
         p.add_argument("--seed", type=int, default=1)
         p.add_argument("--count", type=int, default=40)
+        p.add_argument("--ops", default="fwd,bwd", help="ops to draw from: fwd, bwd or fwd,bwd")
         if name == "run":
             p.add_argument("--normjit", default=os.path.join(ROOT, "build", "normjit"))
             p.add_argument("--out", default="heldout.json")

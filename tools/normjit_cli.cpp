@@ -23,6 +23,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <set>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -31,6 +32,7 @@
 
 #include "autotune.hpp"
 #include "cache_migrate.hpp"
+#include "config_model.hpp"
 #include "config_grid.hpp"
 #include "grid.hpp"
 #include "check.hpp"
@@ -208,7 +210,7 @@ std::vector<double> time_configs(Op op, const NormDesc& d, const std::vector<Lau
 // cache, or tuned earlier in this run under the same cache key) are skipped
 // unless --retune or --vs-untuned; --shape's are always tuned.
 int cmd_tune(Engine& engine, const ShapeOptions& so, bool vs_untuned, const std::string& json_path, bool retune,
-             bool list) {
+             bool list, bool whole_grid) {
   const Resolved res = resolve_shapes(so);
   if (list) return cmd_list(so, res);
   if (!require_gpu("tuning")) return kExitNoGpu;
@@ -244,20 +246,27 @@ int cmd_tune(Engine& engine, const ShapeOptions& so, bool vs_untuned, const std:
         // What the shape would run were it not tuned: resolved before tuning it.
         const ConfigExplanation untuned = engine.explain(op, s.desc, /*skip_exact=*/true);
         const auto t0 = std::chrono::steady_clock::now();
-        const TuneResult r = engine.tune(op, s.desc);
+        const TuneResult r = engine.tune(op, s.desc, whole_grid || vs_untuned);
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         int passed = 0;
         for (const auto& c : r.candidates) passed += c.median_us > 0;
-        fmt::print("        tuned: winner {} {:.2f} us ({} of {} candidates passed, {:.1f} s)\n", r.winner.str(),
-                   r.winner_us, passed, r.candidates.size(), secs);
+        fmt::print("        tuned: winner {} {:.2f} us ({} of {} candidates passed, {:.1f} s){}\n", r.winner.str(),
+                   r.winner_us, passed, r.candidates.size(), secs,
+                   r.winner == r.model ? " = the config model's"
+                   : r.model_us > 0    ? fmt::format("; the model's {} {:.2f} us", r.model.str(), r.model_us)
+                                       : "");
         ++tuned;
         tuned_here.emplace(key, s.name);
         if (!vs_untuned) continue;
-        const auto t = time_configs(op, s.desc, {r.winner, untuned.config}, jit);
+        // Against the fastest candidate of the whole grid (before the model's
+        // config is preferred within 2%): the model's gap, not the rule's.
+        const int best = pick_winner(r.candidates);
+        const LaunchConfig fastest = best >= 0 ? r.candidates[best].config : r.winner;
+        const auto t = time_configs(op, s.desc, {fastest, untuned.config}, jit);
         fmt::print("        untuned: {} {} {:.2f} us vs tuned {:.2f} us: {:.3f}x\n", config_source_name(untuned.source),
                    untuned.config.str(), t[1], t[0], t[1] / t[0]);
         rows.push_back({{"shape", s.name}, {"op", op_label(op, s.desc.norm)}, {"key", r.shape_key},
-                        {"tuned", r.winner.str()}, {"tuned_us", t[0]}, {"untuned", untuned.config.str()},
+                        {"tuned", fastest.str()}, {"tuned_us", t[0]}, {"untuned", untuned.config.str()},
                         {"untuned_source", config_source_name(untuned.source)}, {"untuned_from", untuned.from_key},
                         {"untuned_us", t[1]}, {"ratio", t[1] / t[0]}, {"tune_seconds", secs},
                         {"candidates", r.candidates.size()}, {"all", [&] {
@@ -302,7 +311,7 @@ int cmd_tune_grid(Engine& engine, const std::string& grid_path, bool list, doubl
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   const DeviceInfo dev = device_info(current_device());
-  const DeviceFingerprint fp{dev.name, dev.cc_major, dev.cc_minor, dev.sm_count, dev.l2_bytes};
+  const DeviceFingerprint fp{dev.name, dev.cc_major, dev.cc_minor, dev.sm_count, dev.l2_bytes, dev.memory_gbps};
   int driver = 0;
   cu().cuDriverGetVersion(&driver);
   const CacheMetadata md{NORMJIT_VERSION_STRING, kernel_source_hash(), nvrtc().version, driver};
@@ -409,7 +418,7 @@ int cmd_tune_grid(Engine& engine, const std::string& grid_path, bool list, doubl
 int cmd_explain(Engine& engine, const ShapeOptions& so, const std::string& device) {
   const auto shapes = resolve_shapes(so);
   std::unique_ptr<TunedCache> offline;
-  int max_cluster = 1;
+  DeviceFacts facts;
   if (!device.empty()) {
     std::vector<std::string> dirs = {engine.cache_dir() + "/tuned"};
     for (const auto& d : engine.shipped_cache_dirs()) dirs.push_back(d);
@@ -426,14 +435,14 @@ int cmd_explain(Engine& engine, const ShapeOptions& so, const std::string& devic
                               device, device, known.empty() ? "none" : fmt::format("{}", fmt::join(known, ", "))));
     offline = std::make_unique<TunedCache>(engine.cache_dir() + "/tuned", engine.shipped_cache_dirs(), file->device,
                                            file->metadata);
-    max_cluster = max_cluster_of_arch(file->device.cc_major * 10 + file->device.cc_minor);
+    facts = file->device.facts();
   } else if (!require_gpu("explain without --device (the device selects the tuned-cache files)")) {
     return kExitNoGpu;
   }
   for (const auto& w : shapes.work)
     for (Op op : w.ops) {
       const NamedShape& s = w.shape;
-      const ConfigExplanation x = offline ? explain_config(*offline, op, s.desc, max_cluster, TunePolicy::Never, false)
+      const ConfigExplanation x = offline ? explain_config(*offline, op, s.desc, facts, TunePolicy::Never, false)
                                           : engine.explain(op, s.desc);
       fmt::print("{} {}\n  key:     {}\n  config:  {}\n  source:  {}\n  reason:  {}\n", op_label(op, s.desc.norm),
                  s.name, x.shape_key, x.config.str(), config_source_name(x.source), x.reason);
@@ -640,7 +649,7 @@ int cmd_doctor(Engine& engine) {
       CUdevice dev = 0;
       NJ_CU(cuDeviceGet(&dev, i));
       const DeviceInfo d = device_info(dev);
-      DeviceFingerprint fp{d.name, d.cc_major, d.cc_minor, d.sm_count, d.l2_bytes};
+      DeviceFingerprint fp{d.name, d.cc_major, d.cc_minor, d.sm_count, d.l2_bytes, d.memory_gbps};
       fmt::print("  [{}] {} ({}, {} SMs, L2 {} MiB); tuned-cache file {}.json\n", i, d.name, d.arch(), d.sm_count,
                  d.l2_bytes >> 20, fp.slug());
     }
@@ -675,6 +684,36 @@ int cmd_cache_migrate(const std::string& old_dir, const std::string& arch, const
   return changed > 0 ? 1 : 0;
 }
 
+// cache prune: keeps only the entries that pay, those whose winner beat the
+// config model's config by more than 2% in the entry's own table. An entry
+// whose table lacks the model's config is kept (nothing says it does not pay).
+int cmd_cache_prune(const std::vector<std::string>& files, bool write) {
+  for (const auto& path : files) {
+    const auto file = read_tuned_cache_file(path, default_warn);
+    if (!file) throw Error(ErrorKind::Cache, fmt::format("cannot read tuned cache {}", path));
+    const DeviceFacts facts = file->device.facts();
+    std::set<std::string> drop;
+    std::size_t unknown = 0;
+    for (const auto& [key, e] : file->entries) {
+      const Op op = shape_key_op(key);
+      const LaunchConfig model = heuristic_config(op, parse_shape_spec(e.shape).desc, facts);
+      double model_us = e.winner == model ? e.winner_us : -1;
+      for (const auto& c : e.candidates)
+        if (c.config == model && c.median_us > 0) model_us = c.median_us;
+      if (model_us < 0)
+        ++unknown;
+      else if (e.winner_us * 1.02 >= model_us)
+        drop.insert(key);
+    }
+    if (write) remove_from_tuned_cache_file(path, drop);
+    fmt::print("{}: {} entries: {} no faster than the config model's config by > 2% ({}), {} pay, {} without the "
+               "model's config in their table (kept)\n",
+               path, file->entries.size(), drop.size(), write ? "removed" : "dry run",
+               file->entries.size() - drop.size() - unknown, unknown);
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"normjit: run-time compiled RMSNorm and LayerNorm kernels (NVRTC + CUDA Driver API): tune, benchmark, precompile"};
   app.set_version_flag("--version", std::string("normjit ") + NORMJIT_VERSION_STRING);
@@ -691,11 +730,14 @@ int main(int argc, char** argv) {
   ShapeOptions tune_o, bench_o, compile_o;
   auto* tune = app.add_subcommand("tune", "Autotune shapes on this GPU and store the winners in the user cache");
   add_shape_options(tune, tune_o);
-  bool vs_untuned = false, grid_list = false;
+  bool vs_untuned = false, grid_list = false, whole_grid = false;
   std::string tune_json, grid_path;
   double max_seconds = 1e9;
   tune->add_flag("--vs-untuned", vs_untuned,
-                 "Also time the config the shape gets untuned (neighbour or heuristic) against the tuned one");
+                 "Also time the config the shape gets untuned (the config model's) against the fastest candidate of the "
+                 "whole grid, in alternating rounds (implies --whole-grid)");
+  tune->add_flag("--whole-grid", whole_grid,
+                 "Time every candidate (default: a local search from the config model's config)");
   tune->add_option("--json", tune_json, "With --vs-untuned: write the comparison as JSON");
   tune->add_option("--grid", grid_path, "Tune every shape of a grid file (autotune_cache/grid/grid.json) by local search")
       ->check(CLI::ExistingFile);
@@ -754,6 +796,12 @@ int main(int argc, char** argv) {
   cache_migrate->add_option("--arch", migrate_arch, "Architecture to compare the machine code for");
   cache_migrate->add_flag("--dry-run", migrate_dry, "Report only; write nothing");
   cache_migrate->add_option("files", migrate_files, "Tuned-cache files")->required()->check(CLI::ExistingFile);
+  auto* cache_prune = cache->add_subcommand(
+      "prune", "Drop the entries whose winner is no faster than the config model's config by > 2% (their own timings)");
+  std::vector<std::string> prune_files;
+  bool prune_dry = false;
+  cache_prune->add_flag("--dry-run", prune_dry, "Report only; write nothing");
+  cache_prune->add_option("files", prune_files, "Tuned-cache files")->required()->check(CLI::ExistingFile);
 
   auto* doctor = app.add_subcommand("doctor", "Report driver, NVRTC, devices, cache paths and what is missing");
 
@@ -774,7 +822,7 @@ int main(int argc, char** argv) {
     if (tune->parsed()) opt.tune_policy = TunePolicy::Never;
     Engine engine(opt);
     if (tune->parsed() && !grid_path.empty()) return cmd_tune_grid(engine, grid_path, grid_list, max_seconds, grid_workers);
-    if (tune->parsed()) return cmd_tune(engine, tune_o, vs_untuned, tune_json, retune, grid_list);
+    if (tune->parsed()) return cmd_tune(engine, tune_o, vs_untuned, tune_json, retune, grid_list, whole_grid);
     if (explain->parsed()) return cmd_explain(engine, explain_o, explain_device);
     if (bench->parsed()) return cmd_bench(engine, bench_o, json_path, reps, !no_check);
     if (compile->parsed()) return cmd_compile(engine, compile_o, arch);
@@ -782,6 +830,7 @@ int main(int argc, char** argv) {
     if (cache_show->parsed()) return cmd_cache_show(engine, show_file);
     if (cache_clear->parsed()) return cmd_cache_clear(engine);
     if (cache_migrate->parsed()) return cmd_cache_migrate(old_kernels, migrate_arch, migrate_files, !migrate_dry);
+    if (cache_prune->parsed()) return cmd_cache_prune(prune_files, !prune_dry);
     if (doctor->parsed()) return cmd_doctor(engine);
   } catch (const CLI::Error& e) {
     app.exit(e);

@@ -332,8 +332,44 @@ class Tuner {
     if (w < 0) throw Error(ErrorKind::Tuning, "no candidate passed", op_label(op_, d_.norm), d_.str());
     r.winner = r.candidates[w].config;
     r.winner_us = r.candidates[w].median_us;
+    against_model(r);
     return r;
   }
+
+  // The winner must beat the model's config by more than 2% in alternating
+  // rounds (a drift in clocks reaches both alike; one lucky median does not
+  // decide), else the model's config wins: tuning never stores a config
+  // that is no faster than what the shape gets without an entry.
+  void against_model(TuneResult& r) {
+    r.model = heuristic_config(op_, d_, dev_.facts());
+    const int w = index_of(r.winner);
+    int m = index_of(r.model);
+    if (m == w) return;
+    evaluate({m});
+    if (m == size() || !usable(m)) return;  // the model's config failed here: the winner stands
+    std::lock_guard<std::mutex> gpu(gpu_mutex());
+    std::vector<double> tw, tm;
+    for (int round = 0; round < kModelRounds; ++round) {
+      tw.push_back(median_us([&](CUstream st) { run(w, st); }, flush(), o_.reps));
+      tm.push_back(median_us([&](CUstream st) { run(m, st); }, flush(), o_.reps));
+    }
+    std::sort(tw.begin(), tw.end());
+    std::sort(tm.begin(), tm.end());
+    r.model_us = tm[tm.size() / 2];
+    if (tw[tw.size() / 2] * kModelMargin < r.model_us) {
+      r.winner_us = tw[tw.size() / 2];
+    } else {
+      r.winner = r.model;
+      r.winner_us = r.model_us;
+    }
+    // The record holds the model's config with its time (the entry's table).
+    for (auto& c : r.candidates)
+      if (c.config == r.model) c.median_us = r.model_us;
+    if (std::none_of(r.candidates.begin(), r.candidates.end(), [&](const CandidateTiming& c) { return c.config == r.model; }))
+      r.candidates.push_back({r.model, r.model_us, ""});
+  }
+  static constexpr int kModelRounds = 5;
+  static constexpr double kModelMargin = 1.02;
 
  private:
   enum State { Unseen, Rejected, Timed };
@@ -445,7 +481,7 @@ class Tuner {
   // The reference: the start of the search (heuristic or given), or, when the
   // compiler rejected it, the simplest candidate that survived.
   void make_reference() {
-    int r = index_of(o_.start ? *o_.start : heuristic_config(op_, d_, dev_.max_cluster));
+    int r = index_of(o_.start ? *o_.start : heuristic_config(op_, d_, dev_.facts()));
     if (r < size() && state_[r] == Unseen) {
       compile({r});
       load(r);
@@ -511,8 +547,8 @@ TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCa
   }
   // Local search: from the start, move to the fastest one-step neighbour
   // while it beats the current config by more than 1%.
-  int cur = t.index_of(opt.start ? *opt.start : heuristic_config(op, desc, dev.max_cluster));
-  std::vector<int> first = {cur, t.index_of(heuristic_config(op, desc, dev.max_cluster))};
+  int cur = t.index_of(opt.start ? *opt.start : heuristic_config(op, desc, dev.facts()));
+  std::vector<int> first = {cur, t.index_of(heuristic_config(op, desc, dev.facts()))};
   t.evaluate(first);
   if (cur == t.size() || !t.usable(cur)) cur = first[1] < t.size() && t.usable(first[1]) ? first[1] : -1;
   if (cur < 0) {

@@ -73,10 +73,12 @@ struct TuneOptions {
 
 /// Tunes `op` on `desc`: compiles the grid in parallel, drops candidates that
 /// fail to compile, would spill or cannot launch, checks each survivor's
-/// outputs against the heuristic config's (the simplest survivor's when the
-/// heuristic config itself was rejected), times the rest (median_us) and
+/// outputs against the model's config's (the simplest survivor's when the
+/// model's config itself was rejected), times the rest (median_us) and
 /// picks the fastest; a candidate within 2% of the fastest that is simpler
 /// (simplicity_key) wins instead, so repeated tuning gives the same answer.
+/// Last, the pick and the model's config are timed in alternating rounds:
+/// the model's config wins unless beaten by more than 2% (TuneResult).
 TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCache& jit,
                     const ProgressFn& progress = {}, const TuneOptions& options = {});
 

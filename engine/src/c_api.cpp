@@ -406,6 +406,8 @@ int normjit_engine_create(const normjit_engine_options* options, normjit_engine*
       } else {
         o.shipped_cache_dirs = normjit::EngineOptions::from_env().shipped_cache_dirs;
       }
+      // The struct has no field for it: the environment decides, as for NULL options.
+      o.builtin_shipped_caches = normjit::EngineOptions::from_env().builtin_shipped_caches;
       o.disk_kernel_cache = options->disk_kernel_cache == 1;
       o.verbose = options->verbose == 1;
     }

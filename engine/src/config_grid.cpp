@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include "specialization.hpp"
-#include "tuned_cache.hpp"
+#include "tuned_cache.hpp"  // m_bucket
 
 #include <cmath>
 
@@ -178,104 +178,20 @@ std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& d, int max_clust
   return out;
 }
 
-LaunchConfig heuristic_config(Op op, const NormDesc& d, int max_cluster) {
-  const auto grid = candidate_grid(op, d, max_cluster);
-  // What tuning on an H100 and an H200 chose (autotune_cache/): the forward
-  // moves 16-byte vectors, the backward 4 elements (8 bytes of a 16-bit
-  // dtype); about 4 vectors per thread; a cluster once a CTA's slice would
-  // pass 2048 vectors; decode rows (M <= 32) spread over a cluster until
-  // each CTA holds about 128 vectors; backward rows through 2 cp.async stages.
-  const int vmax = max_vec(op, d);
-  const bool bwd = op == Op::Backward;
-  const int want_vec = bwd ? std::min(vmax, 4) : vmax;
-  const std::int64_t chunks = ceil_div(d.N, want_vec);
-  const bool decode = m_bucket(d.M) <= 32;
-  int want_cluster = 1;
-  if (decode)
-    while (want_cluster * 2 <= max_cluster && ceil_div(chunks, want_cluster * 2) >= 128) want_cluster *= 2;
-  else
-    while (want_cluster < max_cluster && ceil_div(chunks, want_cluster) > 2048) want_cluster *= 2;
-  const std::int64_t slice = ceil_div(chunks, want_cluster);
-  const std::int64_t want_tpr =
-      decode && want_cluster > 1 ? 128 : std::min<std::int64_t>(512, next_pow2(ceil_div(slice, 4)));
-  auto log2i = [](std::int64_t v) {
-    int l = 0;
-    while ((std::int64_t{1} << l) < v) ++l;
-    return l;
-  };
-  const LaunchConfig* best = nullptr;
-  std::int64_t best_score = INT64_MAX;
-  for (const auto& c : grid) {
-    const std::int64_t score = (c.two_pass ? 10000000 : 0) + (c.vec != want_vec ? 1000000 : 0) +
-                               20000 * std::llabs(log2i(c.cluster) - log2i(want_cluster)) +
-                               4 * std::llabs(static_cast<long long>(c.threads_per_row) - want_tpr) +
-                               std::llabs(c.threads() - 256L) + (bwd && c.stages != 2 ? 50 : 0) +
-                               (c.programs_per_sm != 0 ? 1 : 0);
-    if (score < best_score) {
-      best_score = score;
-      best = &c;
-    }
-  }
-  if (!best) throw Error(ErrorKind::InvalidArgument, "no launch config exists", op_label(op, d.norm), d.str());
-  return *best;
-}
-
-LaunchConfig adapt_config(Op op, const NormDesc& d, LaunchConfig c, int max_cluster) {
-  if (config_valid(op, d, c, nullptr, max_cluster)) return c;
-  const int vmax = max_vec(op, d);
-  if (c.vec > vmax) {
-    // Narrower vectors than the neighbour tuned: what tuning picks then is
-    // about 8 elements a thread (8 loads in flight), whatever the vector.
-    c.vec = vmax;
-    const std::int64_t per_cta = slice_columns(d.N, c);
-    const std::int64_t cap = 1024 / c.rows_per_pid;
-    std::int64_t tpr = std::max(1, 32 / c.rows_per_pid);
-    while (tpr * 2 <= cap && tpr * 2 * 8 <= per_cta * 3 / 2) tpr *= 2;
-    LaunchConfig wide = c;
-    wide.threads_per_row = static_cast<int>(tpr);
-    if (config_valid(op, d, wide, nullptr, max_cluster)) return wide;
-  }
-  return c;
-}
-
-std::optional<LaunchConfig> consensus_config(Op op, const NormDesc& d,
-                                             const std::vector<std::pair<const TunedEntry*, double>>& entries,
-                                             int max_cluster) {
-  constexpr double kUntimed = 1.25;
-  struct Score {
-    double sum = 0;
-    int first_entry = 0;  // ties go to the config of the nearest entry
-  };
-  std::vector<std::pair<LaunchConfig, Score>> scores;
-  // Only configs the shape's own grid holds (the grid's pruning rules apply).
-  const std::vector<LaunchConfig> grid = candidate_grid(op, d, max_cluster);
-  const auto in_grid = [&](const LaunchConfig& c) { return std::find(grid.begin(), grid.end(), c) != grid.end(); };
-  double wsum = 0;
-  for (const auto& [e, dist] : entries) wsum += 1 / (1 + dist);
-  for (std::size_t i = 0; i < entries.size(); ++i)
-    for (const auto& c : entries[i].first->candidates) {
-      if (c.median_us <= 0) continue;
-      const LaunchConfig a = adapt_config(op, d, c.config, max_cluster);
-      if (!in_grid(a)) continue;
-      if (std::none_of(scores.begin(), scores.end(), [&](const auto& s) { return s.first == a; }))
-        scores.push_back({a, {0, static_cast<int>(i)}});
-    }
-  for (auto& [cfg, sc] : scores) {
-    for (const auto& [e, dist] : entries) {
-      double r = kUntimed;
-      for (const auto& c : e->candidates)
-        if (c.median_us > 0 && e->winner_us > 0 && adapt_config(op, d, c.config, max_cluster) == cfg)
-          r = std::min(r, c.median_us / e->winner_us);
-      sc.sum += r / (1 + dist) / wsum;
-    }
-  }
-  const std::pair<LaunchConfig, Score>* best = nullptr;
-  for (const auto& s : scores)
-    if (!best || s.second.sum < best->second.sum - 1e-9 ||
-        (std::fabs(s.second.sum - best->second.sum) <= 1e-9 && s.second.first_entry < best->second.first_entry))
-      best = &s;
-  if (!best) return std::nullopt;
-  return best->first;
+DeviceFacts DeviceFacts::of(int cc_major, int cc_minor, int sm_count, std::int64_t l2_bytes, double memory_gbps) {
+  DeviceFacts f;
+  f.sm_count = sm_count;
+  f.l2_bytes = l2_bytes;
+  f.memory_gbps = memory_gbps > 0 ? memory_gbps : 25.0 * sm_count;
+  const int sm = cc_major * 10 + cc_minor;
+  // CUDA C Programming Guide, "Technical Specifications per Compute Capability".
+  if (sm == 86 || sm == 87 || sm == 89 || sm >= 120) f.max_threads_per_sm = 1536;
+  if (sm == 86 || sm == 87) f.max_blocks_per_sm = 16;
+  if (sm == 89) f.max_blocks_per_sm = 24;
+  if (sm == 80 || sm == 87) f.smem_per_sm = 167936;
+  if (sm == 86 || sm == 89 || sm >= 120) f.smem_per_sm = 102400;
+  f.max_cluster = max_cluster_of_arch(sm);
+  return f;
 }
 
 LaunchConfig fit_alignment(const LaunchConfig& cfg, Op op, const NormDesc& d,

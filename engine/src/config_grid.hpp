@@ -55,26 +55,33 @@ std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& desc, int max_cl
 bool config_valid(Op op, const NormDesc& desc, const LaunchConfig& cfg, std::string* why = nullptr,
                   int max_cluster = 1);
 
-/// The config used when no tuned one exists; always a member of the grid.
-LaunchConfig heuristic_config(Op op, const NormDesc& desc, int max_cluster = 1);
+/// The largest thread-block cluster of an architecture (sm_XY as XY, e.g.
+/// 90): kMaxCluster from Hopper on, 1 (no clusters) before.
+inline int max_cluster_of_arch(int sm) { return sm >= 90 ? kMaxCluster : 1; }
 
-/// `c` (another shape's winner) made to fit `desc`: where desc allows only
-/// narrower vectors, threads per row grow as the vector shrinks (the same
-/// bytes a thread, as far as the block allows). Returns `c` unchanged when
-/// it is already valid; the result may still be invalid (check config_valid).
-LaunchConfig adapt_config(Op op, const NormDesc& desc, LaunchConfig c, int max_cluster);
+/// What the config model reads of a GPU: published per-architecture limits
+/// and what the driver reports. `of` fills the per-SM limits of an
+/// architecture (used where only the tuned-cache file's fingerprint is
+/// known); the engine overwrites them with the driver's attributes.
+struct DeviceFacts {
+  int sm_count = 0;
+  int max_threads_per_sm = 2048;
+  int max_blocks_per_sm = 32;
+  int regs_per_sm = 65536;
+  std::int64_t smem_per_sm = 233472;  ///< shared memory of an SM (bytes)
+  std::int64_t l2_bytes = 0;
+  double memory_gbps = 0;  ///< DRAM bandwidth: 2 * memory clock * bus width (GB/s = bytes/ns)
+  double sm_clock_ghz = 1.8;  ///< SM clock (the driver's; 1.8 where unknown)
+  int max_cluster = 1;     ///< largest thread-block cluster a config may use (1: none)
+  /// `memory_gbps` 0 (a tuned-cache file written before it was recorded):
+  /// 25 GB/s per SM, an H100's ratio.
+  static DeviceFacts of(int cc_major, int cc_minor, int sm_count, std::int64_t l2_bytes, double memory_gbps);
+};
 
-struct TunedEntry;
-/// The config for `desc` from tuned neighbours (`entries` with their
-/// distances, nearest first): every candidate an entry timed, adapted to
-/// `desc` (adapt_config) and valid here, is scored by its time over that
-/// entry's winner's, averaged over the entries with weights 1 / (1 +
-/// distance); a candidate an entry did not time counts 1.25 there. The lowest
-/// score wins, so one entry's noisy or locally stuck winner is outvoted by
-/// its neighbours. nullopt when no candidate is valid here.
-std::optional<LaunchConfig> consensus_config(Op op, const NormDesc& desc,
-                                             const std::vector<std::pair<const TunedEntry*, double>>& entries,
-                                             int max_cluster);
+/// The config model (config_model.hpp): the launch config used when no
+/// tuned one exists, derived from the device's facts and the shape; always a
+/// member of the grid.
+LaunchConfig heuristic_config(Op op, const NormDesc& desc, const DeviceFacts& dev);
 
 /// Lowers cfg.vec until every pointer and row stride is aligned to a whole
 /// vector (the vectors are single 4/8/16-byte accesses), and drops cp.async

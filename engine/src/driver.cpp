@@ -119,8 +119,23 @@ DeviceInfo device_info(CUdevice dev) {
   d.max_smem_per_block_optin = attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
   d.max_regs_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR);
   d.max_threads_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR);
+  d.smem_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR);
+  d.sm_clock_ghz = attr(CU_DEVICE_ATTRIBUTE_CLOCK_RATE) / 1e6;
+  // Double data rate: two transfers per clock (kHz) over the bus (bits).
+  d.memory_gbps = 2.0 * attr(CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE) * 1e3 *
+                  attr(CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH) / 8 / 1e9;
   d.max_cluster = attr(CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH) ? max_cluster_of_arch(d.cc_major * 10 + d.cc_minor) : 1;
   return d;
+}
+
+DeviceFacts DeviceInfo::facts() const {
+  DeviceFacts f = DeviceFacts::of(cc_major, cc_minor, sm_count, l2_bytes, memory_gbps);
+  f.max_threads_per_sm = max_threads_per_sm;
+  f.regs_per_sm = max_regs_per_sm;
+  if (smem_per_sm > 0) f.smem_per_sm = smem_per_sm;
+  if (sm_clock_ghz > 0) f.sm_clock_ghz = sm_clock_ghz;
+  f.max_cluster = max_cluster;
+  return f;
 }
 
 DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {

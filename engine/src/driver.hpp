@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <string>
 
+#include "config_grid.hpp"
 #include "normjit/normjit.hpp"
 
 namespace normjit::detail {
@@ -63,16 +64,18 @@ struct DeviceInfo {
   std::int64_t l2_bytes = 0;
   int max_smem_per_block_optin = 0;
   int max_regs_per_sm = 0, max_threads_per_sm = 0;
+  std::int64_t smem_per_sm = 0;
+  double memory_gbps = 0;  ///< 2 * memory clock * bus width
+  double sm_clock_ghz = 0;
   /// The largest thread-block cluster a config may use here: kMaxCluster
   /// where the device launches clusters (sm_90+), else 1.
   int max_cluster = 1;
   std::string arch() const { return "sm_" + std::to_string(cc_major * 10 + cc_minor); }
+  /// What the config model reads of this device (the driver's attributes).
+  DeviceFacts facts() const;
 };
 DeviceInfo device_info(CUdevice dev);
 
-/// The largest thread-block cluster of an architecture (sm_XY as XY, e.g.
-/// 90): kMaxCluster from Hopper on, 1 (no clusters) before.
-inline int max_cluster_of_arch(int sm) { return sm >= 90 ? kMaxCluster : 1; }
 
 /// Owns a device allocation.
 class DeviceBuffer {

@@ -115,7 +115,8 @@ struct Engine::Impl {
     if (!st) {
       st = std::make_unique<DeviceState>();
       st->info = device_info(dev);
-      DeviceFingerprint fp{st->info.name, st->info.cc_major, st->info.cc_minor, st->info.sm_count, st->info.l2_bytes};
+      DeviceFingerprint fp{st->info.name, st->info.cc_major, st->info.cc_minor, st->info.sm_count, st->info.l2_bytes,
+                           st->info.memory_gbps};
       int driver = 0;
       cu().cuDriverGetVersion(&driver);
       CacheMetadata md{NORMJIT_VERSION_STRING, kernel_source_hash(), nvrtc_version_or_empty(), driver};
@@ -124,7 +125,7 @@ struct Engine::Impl {
     return *st;
   }
 
-  TuneResult tune_and_store(DeviceState& st, Op op, const NormDesc& d) {
+  TuneResult tune_and_store(DeviceState& st, Op op, const NormDesc& d, bool whole_grid = false) {
     ProgressFn progress;
     if (opt.verbose)
       progress = [&](int done, int total, const std::string& text) {
@@ -133,7 +134,9 @@ struct Engine::Impl {
         if (done == total) std::fprintf(stderr, "\n");
       };
     trace::Span span("tune", op_label(op, d.norm) + " " + d.str());
-    TuneResult r = autotune(op, d, st.info, jit, progress);
+    TuneOptions to;
+    to.local = !whole_grid;
+    TuneResult r = autotune(op, d, st.info, jit, progress, to);
     if (trace::enabled()) {
       span.args = {{"winner", r.winner.str()}, {"winner_us", fmt::format("{:.2f}", r.winner_us)},
                    {"candidates", std::to_string(r.candidates.size())}};
@@ -180,7 +183,7 @@ struct Engine::Impl {
 
   // Caller holds mu.
   ConfigExplanation lookup(DeviceState& st, Op op, const NormDesc& d, bool skip_exact) {
-    return explain_config(*st.tuned, op, d, st.info.max_cluster, opt.tune_policy, skip_exact);
+    return explain_config(*st.tuned, op, d, st.info.facts(), opt.tune_policy, skip_exact);
   }
 
   // Caller holds mu. Memory, then caches (unless policy Always), then tuning
@@ -239,13 +242,13 @@ ConfigExplanation Engine::explain(Op op, const NormDesc& d, bool skip_exact) {
   return impl_->lookup(impl_->state(), op, d, skip_exact);
 }
 
-TuneResult Engine::tune(Op op, const NormDesc& d) {
+TuneResult Engine::tune(Op op, const NormDesc& d, bool whole_grid) {
   d.validate();
   if (offline_mode())
     throw Error(ErrorKind::Cache, "NORMJIT_OFFLINE=1: tuning is off", op_label(op, d.norm), d.str());
   if (d.M == 0) throw Error(ErrorKind::InvalidArgument, "M = 0: nothing to tune", op_label(op, d.norm), d.str());
   std::lock_guard<std::mutex> lk(impl_->mu);
-  return impl_->tune_and_store(impl_->state(), op, d);
+  return impl_->tune_and_store(impl_->state(), op, d, whole_grid);
 }
 
 Engine::Impl::Launch Engine::Impl::prepare(Op op, const NormDesc& d) {

@@ -123,6 +123,12 @@ TunedCacheFile parse_cache_file(const std::string& path, const json& doc) {
   file.device.cc_minor = std::stoi(m[2]);
   file.device.sm_count = static_cast<int>(get_count(dev, "device", "sm_count", INT_MAX));
   file.device.l2_bytes = get_count(dev, "device", "l2_bytes", INT64_MAX);
+  if (dev.contains("memory_gbps")) {
+    const json& bw = dev["memory_gbps"];
+    if (!bw.is_number() || !(bw.get<double>() > 0 && bw.get<double>() < 1e6))
+      throw SchemaError(fmt::format("device.memory_gbps {} is not a bandwidth in GB/s", bw.dump()));
+    file.device.memory_gbps = bw.get<double>();
+  }
   // The key is what matching compares; it must agree with the fields it summarises.
   const std::string key = get_string(dev, "device", "key");
   if (key != file.device.key())
@@ -150,6 +156,7 @@ json to_json(const DeviceFingerprint& device, const CacheMetadata& metadata,
                    {"compute_capability", fmt::format("{}.{}", device.cc_major, device.cc_minor)},
                    {"sm_count", device.sm_count},
                    {"l2_bytes", device.l2_bytes}};
+  if (device.memory_gbps > 0) doc["device"]["memory_gbps"] = static_cast<std::int64_t>(std::round(device.memory_gbps));
   doc["metadata"] = {{"engine_version", metadata.engine_version},
                      {"kernel_source_hash", metadata.kernel_source_hash},
                      {"nvrtc_version", metadata.nvrtc_version},
@@ -267,6 +274,10 @@ class FileLock {
 
 }  // namespace
 
+DeviceFacts DeviceFingerprint::facts() const {
+  return DeviceFacts::of(cc_major, cc_minor, sm_count, l2_bytes, memory_gbps);
+}
+
 std::string DeviceFingerprint::key() const {
   return fmt::format("{}|cc{}.{}|{}sm|{}MiB", name, cc_major, cc_minor, sm_count, l2_bytes / kMiB);
 }
@@ -355,6 +366,19 @@ void merge_into_tuned_cache_file(const std::string& path, const DeviceFingerprin
   write_atomically(path, to_json(device, metadata, merged).dump(1, ' ', false, json::error_handler_t::replace) + "\n");
 }
 
+std::size_t remove_from_tuned_cache_file(const std::string& path, const std::set<std::string>& keys,
+                                         int lock_timeout_ms) {
+  FileLock lock(path + ".lock", lock_timeout_ms);
+  auto file = read_tuned_cache_file(path, default_warn);
+  if (!file) throw Error(ErrorKind::Cache, fmt::format("cannot read tuned cache {}", path));
+  std::size_t removed = 0;
+  for (const auto& k : keys) removed += file->entries.erase(k);
+  if (removed)
+    write_atomically(path, to_json(file->device, file->metadata, file->entries)
+                               .dump(1, ' ', false, json::error_handler_t::replace) + "\n");
+  return removed;
+}
+
 TunedCache::TunedCache(std::string user_dir, std::vector<std::string> shipped_dirs, DeviceFingerprint device,
                        CacheMetadata metadata, WarnFn warn, EntryCheck check)
     : user_dir_(std::move(user_dir)),
@@ -397,133 +421,6 @@ void TunedCache::load_all() {
   if (!user_) user_ = load_matching(user_file());
   for (std::size_t i = 0; i < shipped_dirs_.size(); ++i)
     if (!shipped_[i]) shipped_[i] = load_matching((fs::path(shipped_dirs_[i]) / (device_.slug() + ".json")).string());
-  if (!foreign_) {
-    foreign_.emplace();
-    std::set<std::string> seen = {device_.key()};
-    for (const auto& dir : shipped_dirs_)
-      for (auto& f : list_tuned_cache_files(dir, [](const std::string&) {}))  // bad files: warned where used
-        if (seen.insert(f.device.key()).second) {
-          Foreign fo{f.device, {}};
-          for (auto& [k, e] : f.entries)
-            if (check_(k, e).empty()) fo.entries.emplace(k, std::move(e));
-          foreign_->push_back(std::move(fo));
-        }
-  }
-}
-
-namespace {
-// "<tags>:N=<N>:M<=<bucket>" -> (tags, N, bucket); nullopt for another form.
-struct KeyParts {
-  std::string tags;
-  std::int64_t N = 0, mb = 0;
-};
-// log2 of the widest vector (in elements, up to 8) that divides a row of N.
-double width_class(std::int64_t N) {
-  int c = 0;
-  while (c < 3 && N % (std::int64_t{2} << c) == 0) ++c;
-  return c;
-}
-
-// Tags with every 16-bit float dtype written as bf16.
-std::string same_sizes(std::string tags) {
-  for (std::size_t p; (p = tags.find("fp16")) != std::string::npos;) tags.replace(p, 4, "bf16");
-  return tags;
-}
-
-std::optional<KeyParts> split_key(const std::string& key) {
-  const auto n = key.rfind(":N=");
-  const auto m = key.rfind(":M<=");
-  if (n == std::string::npos || m == std::string::npos || m < n) return std::nullopt;
-  try {
-    return KeyParts{key.substr(0, n), std::stoll(key.substr(n + 3, m - n - 3)), std::stoll(key.substr(m + 4))};
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-}
-}  // namespace
-
-std::vector<TunedCache::Near> TunedCache::nearest_k(
-    const std::string& key, std::size_t k, const std::function<bool(const std::string&, const TunedEntry&)>& accept) {
-  std::vector<Near> out;
-  const auto want = split_key(key);
-  if (!want || k == 0) return out;
-  std::lock_guard<std::mutex> lock(mu_);
-  load_all();
-  struct Hit {
-    double distance;
-    const std::string* key;
-    const TunedEntry* entry;
-    ConfigSource source;
-  };
-  std::vector<Hit> hits;
-  const auto scan = [&](const std::map<std::string, TunedEntry>& m, ConfigSource src) {
-    for (const auto& [k, e] : m) {
-      const auto p = split_key(k);
-      if (!p || p->N < 1 || p->mb < 1) continue;
-      // fp16 and bf16 move the same bytes: the other one's entry is the
-      // next best, after every entry of the same dtype nearby.
-      double d = 0;
-      if (p->tags != want->tags) {
-        if (same_sizes(p->tags) != same_sizes(want->tags)) continue;
-        d = 1.5;
-      }
-      // Rows that allow only narrower vectors (odd N: scalar loads) tune
-      // differently: entries of the same width class come first.
-      d += 2 * std::fabs(width_class(p->N) - width_class(want->N));
-      // A row twice as wide changes the launch shape more than twice the rows.
-      d += 2 * std::fabs(std::log2(double(p->N) / double(want->N))) +
-           std::fabs(std::log2(double(p->mb) / double(std::max<std::int64_t>(1, want->mb))));
-      hits.push_back({d, &k, &e, src});
-    }
-  };
-  scan(memory_, ConfigSource::Memory);
-  scan(*user_, ConfigSource::UserCache);
-  for (const auto& s : shipped_) scan(*s, ConfigSource::ShippedCache);
-  const std::size_t own = hits.size();
-  // Other devices' entries only for a variant this device has none of (its
-  // own neighbours, however far, know its hardware).
-  static const std::vector<Foreign> none;
-  const std::vector<Foreign>& others = own ? none : *foreign_;
-  for (const auto& f : others) {
-    const std::size_t from = hits.size();
-    scan(f.entries, ConfigSource::ShippedCache);
-    const double penalty = kOtherDevice + 2 * std::abs(f.device.cc_major - device_.cc_major) +
-                           (f.device.cc_minor != device_.cc_minor ? 1 : 0);
-    for (std::size_t i = from; i < hits.size(); ++i) hits[i].distance += penalty;
-  }
-  // Which device each foreign hit came from, by position.
-  std::vector<std::string> dev(hits.size());
-  {
-    std::size_t i = own;
-    for (const auto& f : others)
-      for (const auto& [k, e] : f.entries) {
-        (void)e;
-        if (i < hits.size() && hits[i].key == &k) dev[i++] = f.device.key();
-      }
-  }
-  std::vector<std::size_t> order(hits.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return hits[a].distance < hits[b].distance; });
-  std::set<std::string> seen;  // a key in several files: the first (memory, user, shipped)
-  for (std::size_t i : order) {
-    const Hit& h = hits[i];
-    if (out.size() == k) break;
-    if (seen.count(*h.key) || !accept(*h.key, *h.entry)) continue;
-    seen.insert(*h.key);
-    out.push_back({*h.key, *h.entry, h.distance, h.source, dev[i]});
-  }
-  return out;
-}
-
-std::optional<TunedEntry> TunedCache::nearest(const std::string& key,
-                                              const std::function<bool(const std::string&, const TunedEntry&)>& accept,
-                                              std::string* from, ConfigSource* source) {
-  auto near = nearest_k(key, 1, accept);
-  if (near.empty()) return std::nullopt;
-  if (from) *from = near[0].key;
-  if (source) *source = near[0].source;
-  return near[0].entry;
 }
 
 Op shape_key_op(const std::string& key) {
@@ -579,8 +476,9 @@ void TunedCache::store(const std::string& key, const TunedEntry& entry) {
   merge_into_tuned_cache_file(user_file(), device_, metadata_, {{key, entry}});
 }
 
-ConfigExplanation explain_config(TunedCache& cache, Op op, const NormDesc& d, int mc, TunePolicy policy,
+ConfigExplanation explain_config(TunedCache& cache, Op op, const NormDesc& d, const DeviceFacts& dev, TunePolicy policy,
                                  bool skip_exact) {
+  const int mc = dev.max_cluster;
   ConfigExplanation x;
   x.shape_key = shape_key(op, d);
   auto take = [&](const TunedEntry& e, ConfigSource s, const std::string& from) {
@@ -599,27 +497,11 @@ ConfigExplanation explain_config(TunedCache& cache, Op op, const NormDesc& d, in
       return x;
     }
   }
-  if (policy == TunePolicy::Never || skip_exact) {
-    auto accept = [&](const std::string& key, const TunedEntry&) { return !(skip_exact && key == x.shape_key); };
-    const auto near = cache.nearest_k(x.shape_key, kNeighbours, accept);
-    std::vector<std::pair<const TunedEntry*, double>> entries;
-    for (const auto& n : near) entries.emplace_back(&n.entry, n.distance);
-    if (auto c = consensus_config(op, d, entries, mc)) {
-      const auto& n = near.front();
-      take(n.entry, ConfigSource::Neighbour, n.key);
-      x.from_file = config_source_name(n.source);
-      x.config = *c;
-      if (!n.device.empty()) x.from_file += " of " + n.device;
-      x.reason = fmt::format(
-          "no tuned entry for this shape; the candidate fastest across the {} nearest tuned shapes of its variant "
-          "(nearest: {}, {})",
-          near.size(), n.key, x.from_file);
-      return x;
-    }
-  }
-  x.config = heuristic_config(op, d, mc);
+  // No neighbour's config: another shape's winner, within noise of its
+  // rivals there, was measured to lose to the model here (issue 19).
+  x.config = heuristic_config(op, d, dev);
   x.source = ConfigSource::Heuristic;
-  x.reason = "no tuned entry for this shape or a shape of its variant; the heuristic config";
+  x.reason = "no tuned entry for this shape; the config model's (predicted fastest from the device's facts)";
   return x;
 }
 

@@ -41,16 +41,23 @@ namespace normjit::detail {
 
 inline constexpr int kTunedCacheSchemaVersion = 2;
 
+struct DeviceFacts;
+
 /// Identifies a GPU model and its configuration for tuned configs.
 struct DeviceFingerprint {
   std::string name;        ///< "NVIDIA H100 80GB HBM3"
   int cc_major = 0, cc_minor = 0;
   int sm_count = 0;
   std::int64_t l2_bytes = 0;
+  /// DRAM bandwidth (GB/s), recorded for the config model; not part of the
+  /// key (0: not recorded).
+  double memory_gbps = 0;
   /// "NVIDIA H100 80GB HBM3|cc9.0|132sm|50MiB": compared on load.
   std::string key() const;
   /// File-name form: "nvidia-h100-80gb-hbm3.cc90.132sm.50mib".
   std::string slug() const;
+  /// What the config model knows of this device (DeviceFacts::of).
+  DeviceFacts facts() const;
 };
 
 /// Versions recorded with (and partly checked against) every file.
@@ -117,6 +124,12 @@ void merge_into_tuned_cache_file(const std::string& path, const DeviceFingerprin
                                  const std::map<std::string, TunedEntry>& entries,
                                  int lock_timeout_ms = 10000);
 
+/// Removes the entries under `keys` from the file at `path` under its lock
+/// (atomic); returns how many it held. Throws Error(Cache) when the file
+/// cannot be read or written.
+std::size_t remove_from_tuned_cache_file(const std::string& path, const std::set<std::string>& keys,
+                                         int lock_timeout_ms = 10000);
+
 /// Reason an entry may not be used ("" = usable); see entry_staleness.
 using EntryCheck = std::function<std::string(const std::string& key, const TunedEntry&)>;
 
@@ -133,31 +146,6 @@ class TunedCache {
   /// fails the match rule are never returned.
   std::optional<TunedEntry> lookup(const std::string& key, ConfigSource* source = nullptr);
 
-  /// The entry nearest to `key` (same variant tags, else the same with fp16
-  /// and bf16 exchanged at a penalty of 1.5) among the usable entries of
-  /// every file, by distance in log2 N (weighted 2), log2 M bucket and the
-  /// widest vector dividing N (weighted 2: an odd N takes odd N's configs),
-  /// for which `accept(key, entry)` holds; the key it was stored under goes to
-  /// `from`. For shapes no file holds.
-  std::optional<TunedEntry> nearest(const std::string& key, const std::function<bool(const std::string&, const TunedEntry&)>& accept,
-                                    std::string* from = nullptr, ConfigSource* source = nullptr);
-
-  /// One entry near a key, as nearest_k finds it.
-  struct Near {
-    std::string key;
-    TunedEntry entry;
-    double distance = 0;
-    ConfigSource source = ConfigSource::ShippedCache;
-    std::string device;  ///< the file's device key when tuned on another device, else ""
-  };
-  /// The `k` nearest accepted entries, nearest first (the order of nearest()).
-  /// For a variant this device has no entry of, shipped files of other
-  /// devices count, farther by kOtherDevice (more for another architecture):
-  /// a GPU without a cache of its own takes a similar GPU's tuned configs
-  /// before the heuristic.
-  std::vector<Near> nearest_k(const std::string& key, std::size_t k,
-                              const std::function<bool(const std::string&, const TunedEntry&)>& accept);
-
   /// Stores in memory and merges into the user file (atomic, locked).
   void store(const std::string& key, const TunedEntry& entry);
 
@@ -171,11 +159,6 @@ class TunedCache {
   std::map<std::string, TunedEntry> load_matching(const std::string& path);
   // Caller holds mu_: reads every file not read yet.
   void load_all();
-  struct Foreign {
-    DeviceFingerprint device;
-    std::map<std::string, TunedEntry> entries;
-  };
-  std::optional<std::vector<Foreign>> foreign_;  // shipped files of other devices
 
   std::string user_dir_;
   std::vector<std::string> shipped_dirs_;
@@ -190,18 +173,10 @@ class TunedCache {
 };
 
 /// How a config is resolved from tuned caches (Engine::explain): an exact
-/// entry (unless `skip_exact` or policy Always), then, with policy Never or
-/// `skip_exact`, the consensus of the kNeighbours nearest entries of the
-/// variant (consensus_config), else heuristic_config. Never tunes.
-ConfigExplanation explain_config(TunedCache& cache, Op op, const NormDesc& d, int max_cluster, TunePolicy policy,
+/// entry (unless `skip_exact` or policy Always), else the config model's
+/// (heuristic_config). Never tunes.
+ConfigExplanation explain_config(TunedCache& cache, Op op, const NormDesc& d, const DeviceFacts& dev, TunePolicy policy,
                                  bool skip_exact);
-
-/// Tuned shapes a neighbour config is drawn from: about the N below and above
-/// at the M buckets below and above.
-inline constexpr std::size_t kNeighbours = 4;
-/// Distance added to entries tuned on another device of the same compute
-/// capability (plus 2 per major version apart, 1 for another minor).
-inline constexpr double kOtherDevice = 3;
 
 /// Now as ISO 8601 UTC ("2026-11-21T06:00:00Z"): TunedEntry::tuned_at.
 std::string utc_now();

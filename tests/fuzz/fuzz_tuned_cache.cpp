@@ -62,10 +62,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const NormDesc d = parse_shape_spec("rms:bf16:1024x4096").desc;
   for (const std::string& key : {shape_key(Op::Forward, d), std::string("ln_bwd:x=fp16:y=fp16:w=fp16:bias:N=77:M<=2")}) {
     cache.lookup(key);
-    cache.nearest_k(key, kNeighbours, [](const std::string&, const TunedEntry&) { return true; });
   }
-  explain_config(cache, Op::Forward, d, kMaxCluster, TunePolicy::Never, false);
-  explain_config(cache, Op::Backward, d, kMaxCluster, TunePolicy::Never, true);
+  const DeviceFacts facts = kDev.facts();
+  explain_config(cache, Op::Forward, d, facts, TunePolicy::Never, false);
+  explain_config(cache, Op::Backward, d, facts, TunePolicy::Never, true);
   if (data[0] % 8 == 0) {
     TunedEntry e;
     e.shape = shape_spec(d);

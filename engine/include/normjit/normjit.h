@@ -91,7 +91,7 @@ enum normjit_config_source {
   NORMJIT_SOURCE_SHIPPED_CACHE = 2,
   NORMJIT_SOURCE_TUNED = 3,
   NORMJIT_SOURCE_HEURISTIC = 4,
-  NORMJIT_SOURCE_NEIGHBOUR = 5 /**< the winner of the nearest tuned shape of the same variant */
+  NORMJIT_SOURCE_NEIGHBOUR = 5 /**< no longer produced (the config model replaced tuned neighbours) */
 };
 
 /** An engine: compiled kernels, tuned configs and caches. Thread-safe. */

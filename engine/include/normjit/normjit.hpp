@@ -372,8 +372,10 @@ struct EngineOptions {
 
 /// Where a launch config came from.
 /// Memory: resolved before in this Engine; UserCache / ShippedCache: an exact
-/// tuned entry; Tuned: tuned by this call; Neighbour: the winner of the
-/// nearest tuned shape (same variant); Heuristic: heuristic_config.
+/// tuned entry; Tuned: tuned by this call; Heuristic: the config model's
+/// (predicted fastest from the device's facts: SM count, threads and
+/// registers per SM, memory bandwidth, clusters). Neighbour is no longer
+/// produced (another shape's tuned winner; kept so the C ABI's values stay).
 enum class ConfigSource { Memory, UserCache, ShippedCache, Tuned, Heuristic, Neighbour };
 const char* config_source_name(ConfigSource s);
 
@@ -385,11 +387,17 @@ struct CandidateTiming {
 };
 
 /// Result of tuning one shape.
+/// The winner is the config model's own config unless the fastest candidate
+/// beat it by more than 2% in alternating repeated timings (model_us and
+/// the winner's time then come from those rounds), so a tuned entry never
+/// makes a shape slower than no entry.
 struct TuneResult {
   std::string shape_key;
   LaunchConfig winner;
-  double winner_us = 0;
+  double winner_us = 0;  ///< microseconds
   std::vector<CandidateTiming> candidates;
+  LaunchConfig model;     ///< the config model's config for the shape
+  double model_us = -1;   ///< its time in the alternating rounds (-1: not timed: it was the winner or failed)
 };
 
 /// What Engine::explain found.
@@ -397,7 +405,7 @@ struct ConfigExplanation {
   LaunchConfig config;
   ConfigSource source = ConfigSource::Heuristic;
   std::string shape_key;  ///< the descriptor's tuned-cache key
-  std::string from_key;   ///< key of the entry used (exact or neighbour); empty for the heuristic
+  std::string from_key;   ///< key of the entry used; empty for the config model
   std::string from_file;  ///< "user cache" or "shipped cache"
   std::string reason;     ///< one sentence on why this config
   double entry_us = 0;    ///< the entry's tuned time, microseconds (0: none)
@@ -441,16 +449,19 @@ class Engine {
                          void* workspace, std::size_t workspace_bytes, CUstream stream);
 
   /// Autotunes `op` for `desc` on scratch buffers of the same shape (needs a
-  /// GPU), stores the winner in the user cache and returns every candidate.
-  TuneResult tune(Op op, const NormDesc& desc);
+  /// GPU), stores the winner in the user cache and returns every candidate
+  /// timed. A refinement of the config model's config: a local search from
+  /// it (one step at a time while a neighbour is > 1% faster), or with
+  /// `whole_grid` every candidate; either way the model's config stays the
+  /// winner unless beaten by > 2% (TuneResult).
+  TuneResult tune(Op op, const NormDesc& desc, bool whole_grid = false);
 
   /// The config a call with `desc` would use now, and where it came from.
   LaunchConfig config_for(Op op, const NormDesc& desc, ConfigSource* source = nullptr);
 
   /// How the config of `op` on `desc` is resolved, step by step: an exact
-  /// tuned entry (user cache, then shipped caches, skipping stale ones), with
-  /// TunePolicy::Never the nearest tuned shape of the same variant whose
-  /// winner is valid here (a neighbour), else heuristic_config. Never tunes.
+  /// tuned entry (user cache, then shipped caches, skipping stale ones),
+  /// else the config model's (ConfigSource::Heuristic). Never tunes.
   /// `skip_exact` ignores exact entries: what a shape would get were it not
   /// tuned (the held-out check of tools/heldout.py). Needs a GPU (the
   /// device's fingerprint selects the cache files).

@@ -166,7 +166,7 @@ def cache_dir():
 def set_tune_policy(policy):
     """Sets when the process-wide engine autotunes a shape without a tuned config.
 
-    policy: "never" (use the caches, else a tuned neighbour or the heuristic config; never tune),
+    policy: "never" (use the caches, else the config model's config from the device's facts; never tune),
     "first" (tune a shape missing from every cache at its first call and store
     the result), "always" (tune every shape once per engine), or None for the
     default ($NORMJIT_TUNE, else "never"). Raises ValueError for another value.

@@ -1,0 +1,169 @@
+#include "config_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "specialization.hpp"
+
+namespace normjit::detail {
+
+namespace {
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// Parameter slots (one meaning per op where it differs).
+enum : int {
+  kL0,        // fwd: a program's fixed latency (load, store); bwd: a row iteration's
+  kLred,      // per halving step of a row reduction
+  kLsync,     // a block-wide reduction (more than one warp a row)
+  kLcl,       // a cluster's exchange through distributed shared memory
+  kLk,        // per vector load in one thread's chain
+  kReg0,      // registers of a thread besides its cached row
+  kTail,      // fwd: the last round's share; bwd: overlap of a staged row's latency (0..1)
+  kClPack,    // share of the slots clusters of 8 or 16 CTAs can fill (GPC packing)
+  kBwEff,     // share of the memory bandwidth a streaming kernel draws
+  kTwoPass,   // fwd: a second pass's latency (from L2) as a share of L0; bwd: the finalize launch (ns)
+  kRows,      // per doubling of the rows a program handles at once (bwd: dweight staging)
+  kVec16,     // extra share of Lk a 16-byte vector load costs over a narrower one
+  kClLog,     // per doubling of the cluster size, on top of Lcl
+  kSmBw,      // bytes an SM moves per clock at most (its own limit when few SMs share DRAM)
+  kAdd,       // share of the shorter of latency and transfer time not hidden by the other
+};
+
+// Programs (CTAs) one SM holds at once: threads, registers (allocated per
+// warp in units of 8 per thread) and shared memory.
+int resident_ctas(const DeviceFacts& dev, int threads, double regs, std::int64_t smem) {
+  const int r_alloc = static_cast<int>(std::ceil(std::max(24.0, regs) / 8) * 8);
+  int r = std::min(dev.max_blocks_per_sm, dev.max_threads_per_sm / threads);
+  r = std::min(r, std::max(1, dev.regs_per_sm / (threads * r_alloc)));
+  if (smem > 0) r = std::min<std::int64_t>(r, std::max<std::int64_t>(1, dev.smem_per_sm / (smem + 1024)));
+  return std::max(1, r);
+}
+
+// Rounds of `ctas` programs over `slots` resident ones: a partly filled last
+// round costs `tail` of a round or its share, whichever is more.
+double rounds_of(double ctas, double slots, double tail) {
+  const double n = ctas / slots;
+  if (n <= 1) return 1;
+  const double whole = std::floor(n);
+  return whole + std::min(1.0, n - whole > 0 ? n - whole + tail : 0.0);
+}
+}  // namespace
+
+const char* ModelParams::name(int i) {
+  static const char* names[kCount] = {"L0",     "Lred",   "Lsync",    "Lcl",  "Lk",   "reg0",
+                                      "tail",   "clpack", "bw_eff",   "two_pass", "Lrows", "vec16", "Lcl_log", "sm_bw",
+                                      "add"};
+  return i >= 0 && i < kCount ? names[i] : "?";
+}
+
+double predicted_ns(Op op, const NormDesc& d, const LaunchConfig& c, const DeviceFacts& dev, const ModelParams& mp) {
+  return predicted_ns(op, d, make_variant(op, d), c, dev, mp);
+}
+
+double predicted_ns(Op op, const NormDesc& d, const Variant& v, const LaunchConfig& c, const DeviceFacts& dev,
+                    const ModelParams& mp) {
+  const auto& p = mp.v;
+  const int sms = std::max(1, dev.sm_count);
+  const double bw = dev.memory_gbps * p[kBwEff];        // bytes per ns, all SMs
+  const double sm_bw = p[kSmBw] * dev.sm_clock_ghz;     // bytes per ns, one SM
+  // A round of `conc` programs of `bytes` each on `used` SMs: latency t, and
+  // the transfer at the lesser of DRAM's and the SMs' own bandwidth.
+  auto round_ns = [&](double t, double conc, double bytes, double used) {
+    const double xfer = std::max(conc * bytes / bw, conc / used * bytes / sm_bw);
+    return std::max(t, xfer) + p[kAdd] * std::min(t, xfer);
+  };
+  const int cl = std::max(1, c.cluster);
+  const std::int64_t slice = slice_columns(d.N, c);
+  const int threads = c.threads();
+  const double k = static_cast<double>(ceil_div(slice / c.vec, c.threads_per_row));  // vectors per thread
+  const double red = p[kLred] * std::log2(std::max(2, c.threads_per_row)) + (c.threads_per_row > 32 ? p[kLsync] : 0) +
+                     (cl > 1 ? p[kLcl] + p[kClLog] * std::log2(cl) : 0);
+  const double needed = static_cast<double>(ceil_div(d.M, c.rows_per_pid));
+  const int vec_bytes = c.vec * dtype_size(op == Op::Forward ? v.x : v.y);
+  const double lk = p[kLk] * (1 + (vec_bytes >= 16 ? p[kVec16] : 0));
+  const double rows_cost = p[kRows] * std::log2(c.rows_per_pid);
+  if (op == Op::Forward) {
+    const int nin = v.residual ? 2 : 1;
+    const double read = dtype_size(v.x) + (v.residual ? dtype_size(v.r) : 0);
+    const double write = dtype_size(v.y) + (v.store_res ? dtype_size(v.ro) : 0);
+    const double regs = c.two_pass ? p[kReg0] + 8 : p[kReg0] + k * c.vec * dtype_size(v.h) / 4.0;
+    const int r = resident_ctas(dev, threads, regs, 0);
+    const double ctas = needed * cl;
+    const double slots = static_cast<double>(sms) * r * (cl >= 8 ? p[kClPack] : 1.0);
+    const double bytes = static_cast<double>(c.rows_per_pid) * slice * (read + write);
+    double t1 = p[kL0] + red + lk * k * nin + rows_cost;
+    if (c.two_pass)  // the row streams through twice, 4 chunks in flight at a time; the second pass hits L2
+      t1 = p[kL0] * std::ceil(k / 4) * (1 + p[kTwoPass]) + red + 2 * lk * k * nin + rows_cost;
+    const double conc = std::min(ctas, slots);
+    const double round = round_ns(t1, conc, bytes, std::min<double>(sms, conc));
+    return rounds_of(ctas, slots, p[kTail]) * round;
+  }
+  // Backward: persistent programs stream their rows (launch_geometry).
+  const double read = dtype_size(v.x) + dtype_size(v.y) + (v.dres ? dtype_size(v.ro) : 0);
+  const double write = dtype_size(v.dx);
+  const double row_regs = k * c.vec * (dtype_size(v.x) + dtype_size(v.y)) / 4.0;
+  const double regs = p[kReg0] + (c.two_pass ? 8 : row_regs * (c.stages ? 1 : 2));
+  const std::int64_t smem =
+      static_cast<std::int64_t>(c.stages) * c.rows_per_pid * slice * (dtype_size(v.x) + dtype_size(v.y));
+  const int r = resident_ctas(dev, threads, regs, smem);
+  const int per_sm = c.programs_per_sm ? std::min(c.programs_per_sm, r) : r;
+  const double resident = std::max(1.0, std::floor(static_cast<double>(sms) * per_sm / cl) *
+                                            (cl >= 8 ? p[kClPack] : 1.0));
+  const double programs = std::max(1.0, std::min(needed, resident));
+  const double iterations = std::ceil(needed / programs);
+  const double ctas = programs * cl;
+  double bytes = static_cast<double>(c.rows_per_pid) * slice * (read + write);
+  double t_row = p[kL0] * (c.stages >= 2 ? p[kTail] : 1.0) + 2 * red + lk * k * 2 + rows_cost;
+  if (c.two_pass) {
+    bytes = static_cast<double>(c.rows_per_pid) * slice * (read * 2 + write);
+    t_row = 2 * (p[kL0] * std::ceil(k / 4) + red + lk * k * 2);
+  }
+  const double round = round_ns(t_row, ctas, bytes, std::min<double>(sms, ctas));
+  double t = iterations * round;
+  if (programs > 1)  // partial dweight rows written, then summed by the finalize launch
+    t += programs * d.N * 4.0 * v.partials() * 2 / bw + p[kTwoPass];
+  return t;
+}
+
+std::size_t fastest_of(Op op, const NormDesc& d, const std::vector<LaunchConfig>& grid, const DeviceFacts& dev,
+                       const ModelParams& p) {
+  const Variant v = make_variant(op, d);
+  // The grid is sorted simplest first: a later config must be faster to win.
+  std::size_t best = 0;
+  double best_t = std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < grid.size(); ++i) {
+    const double t = predicted_ns(op, d, v, grid[i], dev, p);
+    if (t < best_t * (1 - 1e-9)) {
+      best_t = t;
+      best = i;
+    }
+  }
+  return best;
+}
+
+LaunchConfig model_config(Op op, const NormDesc& d, const DeviceFacts& dev, const ModelParams& p) {
+  const auto grid = candidate_grid(op, d, dev.max_cluster);
+  if (grid.empty()) throw Error(ErrorKind::InvalidArgument, "no launch config exists", op_label(op, d.norm), d.str());
+  return grid[fastest_of(op, d, grid, dev, p)];
+}
+
+}  // namespace normjit::detail
+
+namespace normjit::detail {
+
+const ModelParams& fitted_params(Op op) {
+  // Written by tools/fit_config_model (--write): the fit over
+  // autotune_cache/model/*.json. Order: ModelParams::name.
+  // fitted-params:begin
+  static const ModelParams fwd{{500, 10, 6.25, 625, 250, 32, 0.1221, 1, 1, 0.75, 2.5, 0.1201, 10, 14.87, 0.375}};
+  static const ModelParams bwd{{3084, 38.3, 43.63, 73.68, 206, 26, 0.3246, 1, 0.717, 2112, 541.3, 1.168, 3.099, 153.3, 0.3443}};
+  // fitted-params:end
+  return op == Op::Forward ? fwd : bwd;
+}
+
+LaunchConfig heuristic_config(Op op, const NormDesc& d, const DeviceFacts& dev) {
+  return model_config(op, d, dev, fitted_params(op));
+}
+
+}  // namespace normjit::detail

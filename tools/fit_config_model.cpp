@@ -1,0 +1,238 @@
+// Fits the config model's constants (engine/src/config_model.cpp) to
+// full-grid timings: every candidate of random shapes timed on a GPU, as
+// `tools/heldout.py run` records them (rows with "all"). For each op, a
+// random search over the constants minimises the mean log of (time of the
+// model's pick / fastest time) over the shapes; a pick the row did not time
+// (rejected there) counts 2. Prints the fit per op and GPU, and with
+// --write replaces the fitted-params block of config_model.cpp.
+//
+//   normjit_fit_model autotune_cache/model/*.json
+//   normjit_fit_model --write engine/src/config_model.cpp --iters 3000 autotune_cache/model/*.json
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "config_model.hpp"
+#include "shapes.hpp"
+#include "tuned_cache.hpp"
+
+using namespace normjit;
+using namespace normjit::detail;
+
+namespace {
+
+struct Row {
+  std::string gpu, shape;
+  Op op;
+  NormDesc desc;
+  DeviceFacts dev;
+  std::vector<LaunchConfig> grid;
+  std::vector<double> ratio;  // per grid config: its time / the fastest; 2 where not timed
+};
+
+// The facts of a GPU by name: the tuned-cache file of that device (shipped).
+DeviceFacts facts_by_name(const std::string& gpu, const std::string& shipped_dir) {
+  for (const auto& f : list_tuned_cache_files(shipped_dir, [](const std::string&) {}))
+    if (f.device.name == gpu) return f.device.facts();
+  throw std::runtime_error(fmt::format("no tuned-cache file in {} for the GPU '{}'", shipped_dir, gpu));
+}
+
+std::vector<Row> load(const std::vector<std::string>& files, const std::string& shipped_dir) {
+  std::vector<Row> rows;
+  for (const auto& path : files) {
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error("cannot read " + path);
+    const nlohmann::json doc = nlohmann::json::parse(in);
+    const std::string gpu = doc.at("gpu").get<std::string>();
+    DeviceFacts dev = facts_by_name(gpu, shipped_dir);
+    for (const auto& r : doc.at("rows")) {
+      if (!r.contains("all") || r["all"].size() < 2) continue;
+      Row row;
+      row.gpu = gpu;
+      row.shape = r.at("draw").at("shape").get<std::string>();
+      row.op = r["draw"]["op"].get<std::string>() == "fwd" ? Op::Forward : Op::Backward;
+      row.desc = parse_shape_spec(row.shape).desc;
+      row.dev = dev;
+      std::map<std::string, double> t;
+      double best = 1e30;
+      for (const auto& c : r["all"]) {
+        t[c[0].get<std::string>()] = c[1].get<double>();
+        best = std::min(best, c[1].get<double>());
+      }
+      row.grid = candidate_grid(row.op, row.desc, dev.max_cluster);
+      for (const auto& c : row.grid) {
+        auto it = t.find(c.str());
+        row.ratio.push_back(it == t.end() ? 2.0 : it->second / best);
+      }
+      rows.push_back(std::move(row));
+    }
+  }
+  return rows;
+}
+
+double pick_ratio(const Row& r, const ModelParams& p) { return r.ratio[fastest_of(r.op, r.desc, r.grid, r.dev, p)]; }
+
+double objective(const std::vector<const Row*>& rows, const ModelParams& p) {
+  double s = 0;
+  for (const Row* r : rows) s += std::log(pick_ratio(*r, p));
+  return rows.empty() ? 0 : s / rows.size();
+}
+
+// Prints the fit per GPU; returns the largest geometric mean.
+double report(const std::vector<const Row*>& rows, const ModelParams& p, const std::string& label, bool each) {
+  std::map<std::string, std::vector<double>> by_gpu;
+  for (const Row* r : rows) {
+    const double x = pick_ratio(*r, p);
+    by_gpu[r->gpu].push_back(x);
+    if (each && x > 1.05)
+      fmt::print("  {} {} {}: model {} {:.3f}\n", r->gpu, r->op == Op::Forward ? "fwd" : "bwd", r->shape,
+                 model_config(r->op, r->desc, r->dev, p).str(), x);
+  }
+  double worst = 0;
+  for (auto& [gpu, v] : by_gpu) {
+    std::sort(v.begin(), v.end());
+    double lg = 0;
+    for (double x : v) lg += std::log(x);
+    worst = std::max(worst, std::exp(lg / v.size()));
+    fmt::print("{} {}: {} shapes, model/fastest median {:.3f}, geomean {:.3f}, max {:.3f}, <= 1.02: {}, <= 1.05: {}\n",
+               label, gpu, v.size(), v[v.size() / 2], std::exp(lg / v.size()), v.back(),
+               std::count_if(v.begin(), v.end(), [](double x) { return x <= 1.02; }),
+               std::count_if(v.begin(), v.end(), [](double x) { return x <= 1.05; }));
+  }
+  return worst;
+}
+
+// Coordinate descent over the constants (each scaled by a few factors, the
+// best kept), then random perturbations of the best, for `iters` objective
+// evaluations in all.
+ModelParams fit(Op op, const std::vector<const Row*>& rows, ModelParams p, int iters, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> step(0.0, 0.6);
+  auto clamp = [&](int i, double x) {
+    const std::string name = ModelParams::name(i);
+    if (name == "tail" || name == "clpack" || name == "bw_eff" || name == "add" || (name == "two_pass" && op == Op::Forward))
+      return std::clamp(x, 0.02, 1.0);
+    if (name == "reg0") return std::clamp(std::round(x), 16.0, 64.0);
+    return std::clamp(x, 1e-2, 1e5);
+  };
+  double best = objective(rows, p);
+  int evals = 0;
+  while (evals < iters) {
+    bool moved = false;
+    for (int i = 0; i < ModelParams::kCount && evals < iters; ++i)
+      for (double f : {0.25, 0.5, 0.8, 1.25, 2.0, 4.0}) {
+        ModelParams q = p;
+        q.v[i] = clamp(i, q.v[i] * f);
+        if (q.v[i] == p.v[i]) continue;
+        const double s = objective(rows, q);
+        ++evals;
+        if (s < best - 1e-12) {
+          best = s;
+          p = q;
+          moved = true;
+        }
+      }
+    if (!moved)  // a local optimum: try a random jump of several constants
+      for (int t = 0; t < 40 && evals < iters; ++t) {
+        ModelParams q = p;
+        for (int i = 0; i < ModelParams::kCount; ++i)
+          if (rng() % 3 == 0) q.v[i] = clamp(i, q.v[i] * std::exp(step(rng)));
+        const double s = objective(rows, q);
+        ++evals;
+        if (s < best - 1e-12) {
+          best = s;
+          p = q;
+          break;
+        }
+      }
+  }
+  return p;
+}
+
+std::string params_line(const char* var, const ModelParams& p) {
+  std::string s = fmt::format("  static const ModelParams {}{{{{", var);
+  for (int i = 0; i < ModelParams::kCount; ++i) s += fmt::format("{}{:.4g}", i ? ", " : "", p.v[i]);
+  return s + "}};\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Fit the config model's constants to full-grid timings (tools/heldout.py run output)"};
+  std::vector<std::string> files;
+  std::string write_path, shipped = NORMJIT_SHIPPED_CACHE_DIR;
+  int iters = 0;
+  unsigned seed = 1;
+  bool each = false;
+  double max_geomean = 0;
+  std::vector<double> start_fwd, start_bwd;
+  app.add_option("files", files, "heldout.py run JSON files (rows with every candidate's time)")->required()->check(CLI::ExistingFile);
+  app.add_option("--iters", iters, "Random-search steps per op (0: only report the current constants)");
+  app.add_option("--seed", seed, "Random seed of the search");
+  app.add_option("--write", write_path, "Replace the fitted-params block of this config_model.cpp")->check(CLI::ExistingFile);
+  app.add_option("--shipped", shipped, "Tuned-cache directory whose files give each GPU's facts");
+  app.add_flag("--each", each, "List every shape the model misses by more than 5%");
+  app.add_option("--max-geomean", max_geomean,
+                 "Exit 1 when the model's geometric mean over the fastest, of an op on a GPU, exceeds this");
+  app.add_option("--start-fwd", start_fwd, "Constants to start the forward's search from (ModelParams order)")->delimiter(',')->expected(ModelParams::kCount);
+  app.add_option("--start-bwd", start_bwd, "Constants to start the backward's search from")->delimiter(',')->expected(ModelParams::kCount);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const std::vector<Row> rows = load(files, shipped);
+    bool failed = false;
+    ModelParams fitted[2] = {fitted_params(Op::Forward), fitted_params(Op::Backward)};
+    for (int i = 0; i < ModelParams::kCount; ++i) {
+      if (!start_fwd.empty()) fitted[0].v[i] = start_fwd[i];
+      if (!start_bwd.empty()) fitted[1].v[i] = start_bwd[i];
+    }
+    for (Op op : {Op::Forward, Op::Backward}) {
+      std::vector<const Row*> sel;
+      for (const auto& r : rows)
+        if (r.op == op) sel.push_back(&r);
+      const char* label = op == Op::Forward ? "fwd" : "bwd";
+      ModelParams& p = fitted[op == Op::Forward ? 0 : 1];
+      const double worst = report(sel, p, fmt::format("{} (current)", label), each && iters == 0);
+      if (max_geomean > 0 && worst > max_geomean) {
+        fmt::print("{}: the model's geometric mean {:.3f} exceeds --max-geomean {}\n", label, worst, max_geomean);
+        failed = true;
+      }
+      if (iters > 0 && !sel.empty()) {
+        p = fit(op, sel, p, iters, seed);
+        report(sel, p, fmt::format("{} (fitted)", label), each);
+        std::string names;
+        for (int i = 0; i < ModelParams::kCount; ++i)
+          names += fmt::format("{}{}={:.4g}", i ? " " : "", ModelParams::name(i), p.v[i]);
+        fmt::print("{} constants: {}\n", label, names);
+      }
+    }
+    if (!write_path.empty()) {
+      std::ifstream in(write_path);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      std::string s = ss.str();
+      const std::string begin = "// fitted-params:begin\n", end = "  // fitted-params:end";
+      const auto a = s.find(begin), b = s.find(end);
+      if (a == std::string::npos || b == std::string::npos || b < a)
+        throw std::runtime_error(write_path + " has no fitted-params block");
+      s = s.substr(0, a + begin.size()) + params_line("fwd", fitted[0]) + params_line("bwd", fitted[1]) + s.substr(b);
+      const std::string tmp = write_path + ".tmp";
+      std::ofstream(tmp) << s;
+      std::rename(tmp.c_str(), write_path.c_str());
+      fmt::print("wrote the fitted constants into {}\n", write_path);
+    }
+    if (failed) return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "normjit_fit_model: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
