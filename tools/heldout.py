@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Held-out check of the untuned configs (neighbour or heuristic) against tuning.
+"""Held-out check of the config model (the untuned config) against tuning.
 
 Draws random (N, M, dtype, norm, op, variant) shapes that no shipped cache
 holds, and for each runs `normjit tune --vs-untuned` in a fresh cache
-directory: it resolves the config the shape gets untuned (from the shipped
-caches only), tunes the shape over the whole candidate grid, then times both
-configs in alternating rounds (L2 flushed, medians). Reports untuned / tuned
-time per shape.
+directory: it resolves the config the shape gets untuned (the config
+model's), tunes the shape over the whole candidate grid, then times that
+config against the fastest candidate in alternating rounds (L2 flushed,
+medians). Reports untuned / fastest time per shape; the rows keep every
+candidate's time, the config model's training data (autotune_cache/model/).
 
   python3 tools/heldout.py draw --seed 1            # the shapes, no GPU needed
   python3 tools/heldout.py run --seed 1 --normjit build/normjit --out heldout.json
@@ -17,7 +18,7 @@ time per shape.
 held-out shape resolves to now, and reads its time from the row's candidate
 table (every candidate's tuned time on that GPU, kept by `run`): a new rule,
 or a GPU without a shipped cache of its own (`--caches others`: the device's
-own entries are left out, the other devices' stay), or the heuristic alone
+own entries are left out, the other devices' stay), or the model alone
 (`--caches none`), is scored without the device. Candidate-table ratios are over the fastest tuned candidate, so they
 read a little higher than the re-timed ratios of `run`.
 
