@@ -147,8 +147,24 @@ def parse_case(text: str) -> Case:
     return Case(norm, dtype, M, N)
 
 
+def drawn_shapes(count: int, seed: int) -> list[str]:
+    """`count` shapes no issue names: tools/heldout.py's draw (issue 19's: N
+    log-uniform in [64, 262144], a quarter odd; a quarter of the shapes M <=
+    64, M up to 2^20 otherwise, M * N <= 2^26), as NORM:DTYPE:MxN (the fused
+    residual add dropped: compare.py times plain norms)."""
+    import heldout  # tools/ (on sys.path): standard library only
+
+    out: list[str] = []
+    for s in heldout.draw(seed, count):
+        shape = ":".join(s["shape"].split(":")[:3])
+        if shape not in out:
+            out.append(shape)
+    return out
+
+
 def parse_shapes(specs: list[str] | str) -> list[Case]:
-    """Suite names and shapes, comma- or space-separated; duplicates dropped, order kept."""
+    """Suite names, draw:COUNT:SEED (drawn_shapes) and shapes, comma- or
+    space-separated; duplicates dropped, order kept."""
     if isinstance(specs, str):
         specs = [specs]
     cases: list[Case] = []
@@ -156,6 +172,11 @@ def parse_shapes(specs: list[str] | str) -> list[Case]:
         for token in spec.replace(",", " ").split():
             if token.lower() in SUITES:
                 found = [parse_case(s) for s in SUITES[token.lower()]()]
+            elif token.lower().startswith("draw:"):
+                parts = token.split(":")
+                if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit() or int(parts[1]) < 1:
+                    raise ValueError(f"'{token}' is not draw:COUNT:SEED (e.g. draw:40:7)")
+                found = [parse_case(s) for s in drawn_shapes(int(parts[1]), int(parts[2]))]
             else:
                 found = [parse_case(token)]
             cases += [c for c in found if c not in cases]
@@ -641,7 +662,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(forward and backward; torch.profiler, L2 flushed; SOL% against a same-size device copy), "
         "plus the host time per call.",
         epilog="Shapes: NORM:DTYPE:MxN (NORM rms|ln, DTYPE fp32|bf16|fp16), comma- or "
-        f"space-separated, or a suite: {', '.join(SUITES)}. Exit 0 done, 1 normjit failed "
+        f"space-separated, or a suite: {', '.join(SUITES)}, or draw:COUNT:SEED (shapes no issue names, "
+        "drawn as tools/heldout.py draws). Exit 0 done, 1 normjit failed "
         "a check or raised, 2 bad arguments, 3 no torch/CUDA/profiler timing.",
     )
     p.add_argument("--shapes", nargs="+", metavar="SPEC", default=None,

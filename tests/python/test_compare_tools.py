@@ -76,6 +76,19 @@ def test_traffic_bytes_numbers(compare):
     assert compare.gbps(2000, 1.0) == 2.0 and compare.gbps(2000, None) is None
 
 
+def test_draw_token_gives_shapes_no_issue_names(compare):
+    got = compare.parse_shapes("draw:12:7")
+    again = compare.parse_shapes(["draw:12:7"])
+    assert got == again  # the same seed draws the same shapes
+    assert 1 <= len(got) <= 12
+    assert all(64 <= c.N <= 262144 and c.M >= 1 and c.M * c.N <= 1 << 26 for c in got)
+    assert all(c.norm in ("rms", "ln") and c.dtype in ("fp32", "fp16", "bf16") for c in got)
+    assert compare.parse_shapes("draw:12:8") != got
+    for bad in ("draw:0:1", "draw:x:1", "draw:5"):
+        with pytest.raises(ValueError, match="draw:COUNT:SEED"):
+            compare.parse_shapes(bad)
+
+
 ISSUE = ["rms:bf16:4096x16384", "rms:bf16:4096x32768", "rms:bf16:4096x65536", "rms:bf16:1024x131072",
          "ln:fp16:4096x16384", "ln:fp16:4096x32768", "rms:bf16:1x4096", "rms:bf16:32x8192"]
 
