@@ -171,15 +171,19 @@ inline void precompile_calls(Engine& e, const std::vector<Call>& calls) {
     auto at = [&](DType t) {
       return reinterpret_cast<const void*>(static_cast<std::uintptr_t>((1u << 20) + c.offset * dtype_size(t)));
     };
-    const std::vector<std::pair<const void*, DType>> ptrs =
-        c.op == Op::Forward ? std::vector<std::pair<const void*, DType>>{{at(d.x_dtype), d.x_dtype},
-                                                                         {at(d.y_dtype), d.y_dtype},
-                                                                         {at(d.weight_dtype), d.weight_dtype}}
-                            : std::vector<std::pair<const void*, DType>>{{at(d.dy_dtype()), d.dy_dtype()},
-                                                                         {at(d.normed_dtype()), d.normed_dtype()},
-                                                                         {at(d.weight_dtype), d.weight_dtype},
-                                                                         {at(d.dx_dtype()), d.dx_dtype()}};
-    specs.push_back(make_spec(c.op, d, fit_alignment(cfg, c.op, d, ptrs, row_strides(c.op, d))));
+    if (c.op == Op::Forward) {
+      ForwardTensors t;
+      t.x = at(d.x_dtype);
+      t.y = const_cast<void*>(at(d.y_dtype));
+      t.weight = at(d.weight_dtype);
+      specs.push_back(make_spec(c.op, d, fit_forward_alignment(cfg, d, t)));
+    } else {
+      const std::vector<std::pair<const void*, DType>> ptrs = {{at(d.dy_dtype()), d.dy_dtype()},
+                                                               {at(d.normed_dtype()), d.normed_dtype()},
+                                                               {at(d.weight_dtype), d.weight_dtype},
+                                                               {at(d.dx_dtype()), d.dx_dtype()}};
+      specs.push_back(make_spec(c.op, d, fit_alignment(cfg, c.op, d, ptrs, row_strides(c.op, d))));
+    }
     if (c.op == Op::Backward) specs.push_back(finalize_spec(d));
   }
   compile_all(specs);

@@ -470,3 +470,45 @@ TEST_CASE("cli: tune --model: an unknown architecture names the missing keys; no
     check_fails(cli, fmt::format("tune --model " NORMJIT_TEST_MODELS_DIR "/qwen3-8b.config.json{}", extra), 3,
                 {"tuning needs an NVIDIA GPU", why.c_str()});
 }
+
+TEST_CASE("cli: cache prune keeps only entries that pay, and drops those tuned before their rows peeled") {
+  Cli cli;
+  const fs::path shipped = fs::path(NORMJIT_SHIPPED_CACHE_DIR) / "nvidia-h200.cc90.132sm.60mib.json";
+  std::ifstream in(shipped);
+  nlohmann::json doc = nlohmann::json::parse(in);
+  const DeviceFacts facts = DeviceFacts::of(9, 0, 132, std::int64_t{60} << 20, doc["device"]["memory_gbps"].get<double>());
+  auto entry = [](const std::string& shape, const std::vector<std::pair<std::string, double>>& times) {
+    nlohmann::json e;
+    e["shape"] = shape;
+    e["kernel_hash"] = "0";
+    e["tuned_at"] = "2026-11-24T00:00:00Z";
+    e["winner"] = times.front().first;
+    e["winner_us"] = times.front().second;
+    for (const auto& [c, us] : times) e["candidates"].push_back({{"config", c}, {"median_us", us}});
+    return e;
+  };
+  const std::string pays = "rms:bf16:4096x4096", ties = "rms:bf16:4096x2048", odd = "rms:bf16:4096x12345";
+  auto model_of = [&](const std::string& s) {
+    return heuristic_config(Op::Forward, parse_shape_spec(s).desc, facts).str();
+  };
+  auto other_than = [](const std::string& c) { return c == "v4.t256.r1" ? "v8.t512.r1" : "v4.t256.r1"; };
+  doc["entries"] = nlohmann::json::object();
+  doc["entries"]["rms_fwd:x=bf16:y=bf16:w=bf16:rstd:N=4096:M<=4096"] =
+      entry(pays, {{other_than(model_of(pays)), 10.0}, {model_of(pays), 11.0}});   // 10% faster: kept
+  doc["entries"]["rms_fwd:x=bf16:y=bf16:w=bf16:rstd:N=2048:M<=4096"] =
+      entry(ties, {{other_than(model_of(ties)), 10.0}, {model_of(ties), 10.1}});   // within 2%: dropped
+  doc["entries"]["rms_fwd:x=bf16:y=bf16:w=bf16:rstd:N=12345:M<=4096"] =
+      entry(odd, {{"v1.t512.r1", 70.0}, {"v1.t256.r1", 80.0}});                  // 2-byte vectors only: dropped
+  const fs::path file = cli.cache_dir() / "prune.json";
+  std::ofstream(file) << doc.dump();
+  auto r = cli("cache prune --dry-run " + file.string());
+  CAPTURE(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(contains(r.output, "3 entries: 1 no faster than the config model's config by > 2% and 1 tuned before their rows peeled"));
+  r = cli("cache prune " + file.string());
+  REQUIRE(r.exit_code == 0);
+  std::ifstream after(file);
+  const nlohmann::json left = nlohmann::json::parse(after);
+  CHECK(left["entries"].size() == 1);
+  CHECK(left["entries"].contains("rms_fwd:x=bf16:y=bf16:w=bf16:rstd:N=4096:M<=4096"));
+}

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "config_grid.hpp"
+#include "specialization.hpp"
 #include "tuned_cache.hpp"
 #include "test_util.hpp"
 
@@ -160,10 +161,18 @@ TEST_CASE("config_grid: two-pass only for rows that do not fit in registers") {
       CHECK(all_two_pass(grid_of(op, M, 262144, DType::F32)));
       CHECK_FALSE(any_two_pass(grid_of(op, M, 128)));
       CHECK_FALSE(any_two_pass(grid_of(op, M, 1)));
-      // 4096 bf16 fits a block of >= 64 threads in one pass; a lone warp cannot hold it.
+      // 4096 bf16 fits a block of >= 64 threads in one pass; a lone warp
+      // cannot hold it: the backward may read it twice, the forward never
+      // reads twice a row some block holds.
       const auto mid = grid_of(op, M, 4096);
-      CHECK(any_two_pass(mid));
+      CHECK(any_two_pass(mid) == (op == Op::Backward));
       CHECK_FALSE(all_two_pass(mid));
+      if (op == Op::Forward) {
+        // 65536 bf16 fits no block: two-pass with 256 threads or more, or clusters.
+        const auto wide = grid_of(op, M, 65536);
+        CHECK(any_two_pass(wide));
+        for (const auto& c : wide) CHECK((!c.two_pass || c.threads_per_row >= 256));
+      }
     }
   }
 }
@@ -193,13 +202,86 @@ TEST_CASE("config_grid: max_vec is 16 bytes of the widest dtype, capped by N and
   CHECK(max_vec(Op::Forward, make_desc(8, 4096, DType::F16)) == 8);
   CHECK(max_vec(Op::Forward, make_desc(8, 4096, DType::F32)) == 4);
   CHECK(max_vec(Op::Forward, make_desc(8, 4096, DType::BF16, DType::F32)) == 4);
-  CHECK(max_vec(Op::Forward, make_desc(8, 3)) == 1);  // rows 3 elements apart
+  CHECK(max_vec(Op::Backward, make_desc(8, 3)) == 1);  // rows 3 elements apart
   NormDesc padded = make_desc(8, 3);
   padded.x_stride = padded.y_stride = 4;
   CHECK(max_vec(Op::Forward, padded) == 4);
   CHECK(max_vec(Op::Forward, make_desc(8, 1)) == 1);
-  CHECK(max_vec(Op::Forward, make_desc(8, 100003)) == 1);
+  CHECK(max_vec(Op::Backward, make_desc(8, 100003)) == 1);
   CHECK(max_vec(Op::Backward, make_desc(8, 20004)) == 4);
+  // Forward rows of plain dtypes peel instead: odd strides keep whole vectors.
+  CHECK(max_vec(Op::Forward, make_desc(8, 3)) == 4);
+  CHECK(max_vec(Op::Forward, make_desc(8, 100003)) == 8);
+  NormDesc quant = make_desc(8, 100003);
+  quant.quant = QuantScaling::Token;
+  quant.y_dtype = DType::E4M3;
+  CHECK(max_vec(Op::Forward, quant) == 1);
+}
+
+TEST_CASE("config_grid: forward rows whose strides are no multiple of vec are peeled") {
+  const NormDesc odd = make_desc(64, 12345);
+  CHECK(peeled(Op::Forward, odd, 8));
+  CHECK(peeled(Op::Forward, odd, 2));
+  CHECK_FALSE(peeled(Op::Forward, odd, 1));
+  CHECK_FALSE(peeled(Op::Backward, odd, 8));
+  CHECK_FALSE(peeled(Op::Forward, make_desc(64, 4096), 8));
+  NormDesc padded = odd;
+  padded.x_stride = padded.y_stride = 12352;  // rows aligned: only the tail is short
+  CHECK_FALSE(peeled(Op::Forward, padded, 8));
+  padded.y_stride = 12346;
+  CHECK(peeled(Op::Forward, padded, 8));
+  CHECK_FALSE(peeled(Op::Forward, padded, 2));
+  CHECK(row_span(Op::Forward, odd, 8) == 12345 + 7);
+  CHECK(row_span(Op::Forward, odd, 1) == 12345);
+  CHECK(row_span(Op::Backward, odd, 8) == 12345);
+  // The grid of an odd N has whole vectors, and the spec says PEEL.
+  const auto grid = candidate_grid(Op::Forward, odd, kMaxCluster);
+  CHECK(std::any_of(grid.begin(), grid.end(), [](const LaunchConfig& c) { return c.vec == 8 && c.cluster > 1; }));
+  CHECK(std::all_of(grid.begin(), grid.end(), [](const LaunchConfig& c) { return c.vec >= 4; }));
+  const KernelSpec s = make_spec(Op::Forward, odd, cfg(8, 256, 1));
+  CHECK(s.peel);
+  CHECK(s.source().find("PEEL = true") != std::string::npos);
+  CHECK(s.name().find(".peel") != std::string::npos);
+  // An aligned row's prelude is what it was before peeling existed.
+  const KernelSpec a = make_spec(Op::Forward, make_desc(64, 4096), cfg(8, 256, 1));
+  CHECK_FALSE(a.peel);
+  CHECK(a.source().find("PEEL") == std::string::npos);
+  // A row's share counts the columns before it: 12352 / 8 / 256 = 7 vectors a thread.
+  CHECK_FALSE(config_valid(Op::Forward, odd, cfg(8, 128, 1)));  // 13 vectors of 16 bytes
+  CHECK(config_valid(Op::Forward, odd, cfg(8, 256, 1)));
+}
+
+TEST_CASE("config_grid: fit_forward_alignment keeps a peeled row's vectors where its tensors agree") {
+  const NormDesc odd = make_desc(64, 12345);
+  const LaunchConfig c = cfg(8, 256, 1);
+  auto* base = reinterpret_cast<char*>(std::uintptr_t{1} << 20);
+  auto fit = [&](const NormDesc& d, std::ptrdiff_t x_off, std::ptrdiff_t y_off, std::ptrdiff_t w_off,
+                 std::ptrdiff_t r_off = -1) {
+    ForwardTensors t;
+    t.x = base + x_off;
+    t.y = base + (1 << 22) + y_off;
+    t.weight = base + (2 << 22) + w_off;
+    if (r_off >= 0) t.residual = t.residual_out = base + (3 << 22) + r_off;
+    return fit_forward_alignment(c, d, t).vec;
+  };
+  CHECK(fit(odd, 0, 0, 0) == 8);
+  CHECK(fit(odd, 2, 2, 0) == 8);    // both rows start one element into a vector
+  CHECK(fit(odd, 2, 4, 0) == 1);    // the rows start at different elements
+  CHECK(fit(odd, 0, 0, 2) == 1);    // the weight's vectors must be aligned to its columns
+  CHECK(fit(odd, 8, 0, 0) == 4);    // residues 4 and 0 agree modulo 4
+  NormDesc res = odd;
+  res.residual = res.store_residual_out = true;
+  CHECK(fit(res, 6, 6, 0, 6) == 8);
+  CHECK(fit(res, 6, 6, 0, 0) == 1);  // residues 3 and 0 differ at every vec > 1
+  // An aligned row stays strict: a misaligned base lowers vec as before.
+  const NormDesc even = make_desc(64, 4096);
+  CHECK(fit(even, 0, 0, 0) == 8);
+  CHECK(fit(even, 2, 2, 0) == 1);
+  // Strides that differ modulo vec between x and y: different starts from row 1 on.
+  NormDesc strided = odd;
+  strided.x_stride = 12346;
+  strided.y_stride = 12347;
+  CHECK(fit(strided, 0, 0, 0) == 1);
 }
 
 TEST_CASE("config_grid: config_valid rejects bad configs and says why") {
@@ -335,8 +417,9 @@ TEST_CASE("config_grid: clusters split wide rows and decode rows, only where the
     CHECK(h.cluster > 1);
     CHECK_FALSE(h.two_pass);
     CHECK(in_grid(grid, h));
-    // Decode rows spread over a cluster; large-M narrow rows stay in one CTA.
-    CHECK(heuristic_config(op, make_desc(1, 8192), normjit_test::test_facts(16)).cluster > 1);
+    // Wide decode rows spread over a cluster (measured: 1x24576 fp16 4.5 us
+    // over 16 CTAs, 6.3 us in one); large-M narrow rows stay in one CTA.
+    CHECK(heuristic_config(op, make_desc(1, 32768), normjit_test::test_facts(16)).cluster > 1);
     CHECK(heuristic_config(op, make_desc(8192, 4096), normjit_test::test_facts(16)).cluster == 1);
     if (op == Op::Backward) CHECK(h.stages == 2);
   }

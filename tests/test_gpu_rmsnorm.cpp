@@ -200,6 +200,46 @@ GPU_TEST_CASE("strided and unaligned tensors" * doctest::test_suite("quick")) {
       }
 }
 
+GPU_TEST_CASE("peeled rows: x and y starting at any element of a vector, odd N" * doctest::test_suite("quick")) {
+  // Odd N: row r starts r * N elements in, anywhere inside a vector. Rows of
+  // x and y that start at the same element of a vector keep whole vectors
+  // (peeled); where they differ, or the weight is misaligned, the engine
+  // narrows the vectors. Every element is checked either way.
+  struct Case {
+    std::int64_t M, N, x_off, y_off, w_off;
+    DtypeCombo c;
+  };
+  const DtypeCombo bf16{DType::BF16, DType::BF16, DType::BF16}, f32{DType::F32, DType::F32, DType::F32},
+      mixed{DType::BF16, DType::F32, DType::BF16};
+  const Case cases[] = {{64, 12345, 0, 0, 0, bf16},  {64, 12345, 3, 3, 0, bf16}, {64, 12345, 1, 2, 0, bf16},
+                        {64, 12345, 3, 3, 1, bf16},  {300, 77, 5, 5, 0, f32},    {300, 77, 2, 2, 0, mixed},
+                        {2, 100003, 7, 7, 0, bf16},  {4096, 4099, 0, 0, 0, bf16}};
+  for (const Case& k : cases) {
+    const NormDesc d = make_desc(k.M, k.N, k.c, {});
+    const std::uint64_t seed = fresh_seed();
+    CAPTURE(d.str());
+    CAPTURE(k.x_off);
+    CAPTURE(k.y_off);
+    CAPTURE(k.w_off);
+    CAPTURE(seed);
+    Random rng(seed);
+    Tensor x(k.c.x, k.M, k.N, k.N, k.x_off), w(k.c.w, 1, k.N, k.N, k.w_off), y(k.c.y, k.M, k.N, k.N, k.y_off),
+        rstd(DType::F32, 1, k.M, k.M);
+    x.fill_random(rng, -3.f, 3.f);
+    w.fill_random(rng, -2.f, 2.f);
+    y.poison();
+    rstd.poison();
+    engine().rms_norm_forward(d, x.ptr(), w.ptr(), y.ptr(), static_cast<float*>(rstd.ptr()), nullptr);
+    y.download();
+    rstd.download();
+    std::vector<double> y_ref, rstd_ref;
+    rms_forward_reference(d, x.host.data(), w.host.data(), &y_ref, &rstd_ref);
+    CHECK(relative_error(y.values(), y_ref) <= tolerance(k.c.y));
+    CHECK(relative_error(rstd.values(), rstd_ref) <= 1e-5);
+    CHECK(y.padding_untouched());
+  }
+}
+
 GPU_TEST_CASE("64-bit offsets: row strides that leave the 32-bit range") {
   // 3 rows 2^30 + 64 elements apart: row 2 starts past element 2^31, so the
   // kernels need 64-bit offsets. Only the rows themselves travel to the host.

@@ -6,8 +6,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "check.hpp"
+#include "config_grid.hpp"
 #include "gpu_harness.hpp"
 #include "test_util.hpp"
 
@@ -121,6 +126,58 @@ GPU_TEST_CASE("variants: every autotune candidate of LayerNorm and fused add + R
       // The winner (now resolved from memory) against float64.
       check_op(variant_engine(TunePolicy::OnFirstUse), op, d, fresh_seed());
     }
+}
+
+GPU_TEST_CASE("variants: every forward candidate of peeled rows (odd N) matches the reference") {
+  // Rows that start anywhere in a vector, on every kernel path the grids
+  // offer: rows in registers (one and several per program), a cluster's
+  // slices, two-pass; RMSNorm and LayerNorm with a fused residual add.
+  const DeviceInfo dev = device_info(current_device());
+  NormDesc rms = normjit_test::make_desc(37, 12345, DType::BF16, DType::BF16);
+  NormDesc ln = normjit_test::make_desc(37, 4099, DType::F16, DType::F16);
+  ln.norm = NormKind::LayerNorm;
+  ln.has_bias = true;
+  ln.residual = ln.store_residual_out = true;
+  NormDesc narrow = normjit_test::make_desc(300, 77, DType::F32, DType::F32);
+  NormDesc wide = normjit_test::make_desc(3, 100003, DType::BF16, DType::BF16);
+  wide.norm = NormKind::LayerNorm;
+  wide.has_bias = true;
+  KernelCache jit(suite_kernel_dir());
+  std::vector<std::pair<NormDesc, std::vector<LaunchConfig>>> runs;
+  std::vector<KernelSpec> specs;
+  for (const NormDesc& d : {rms, ln, narrow, wide}) {
+    std::vector<LaunchConfig> configs;
+    for (const auto& c : candidate_grid(Op::Forward, d, dev.max_cluster))
+      if (peeled(Op::Forward, d, c.vec)) {
+        configs.push_back(c);
+        specs.push_back(make_spec(Op::Forward, d, c));
+      }
+    runs.emplace_back(d, configs);
+  }
+  compile_all(specs);
+  std::set<std::string> paths;
+  for (const auto& [d, configs] : runs) {
+    const std::uint64_t seed = fresh_seed();
+    CAPTURE(d.str());
+    CAPTURE(seed);
+    CHECK(!configs.empty());
+    Scratch s(Op::Forward, d, seed);
+    const Reference ref = reference_outputs(Op::Forward, d, s);
+    for (const auto& cfg : configs) {
+      CAPTURE(cfg.str());
+      if (!launch_candidate(jit, dev, Op::Forward, d, cfg, s)) continue;
+      for (const auto& c : compare_outputs(s, ref)) {
+        CAPTURE(c.name);
+        CHECK(c.err <= c.tol);
+      }
+      paths.insert(cfg.cluster > 1 ? "cluster" : cfg.two_pass ? "two-pass" : cfg.rows_per_pid > 1 ? "rows" : "row");
+    }
+  }
+  // Every kernel path ran (clusters only where the device has them).
+  CHECK(paths.count("row"));
+  CHECK(paths.count("rows"));
+  CHECK(paths.count("two-pass"));
+  if (dev.max_cluster > 1) CHECK(paths.count("cluster"));
 }
 
 GPU_TEST_CASE("variants: the LayerNorm backward is deterministic") {

@@ -107,6 +107,43 @@ TEST_CASE("nvrtc: every variant compiles for sm_80 and sm_90") {
   }
 }
 
+TEST_CASE("nvrtc: peeled rows compile on every kernel path") {
+  // Odd N: rows start anywhere in a vector. Registers (one and several rows
+  // per program), a cluster's slices, two-pass; RMSNorm and LayerNorm, a
+  // fused residual add, 3-D rows.
+  std::vector<KernelSpec> specs;
+  std::set<std::string> seen;
+  auto add = [&](const NormDesc& d, const char* text) {
+    LaunchConfig c = LaunchConfig::parse(text);
+    c.vec = std::min(c.vec, max_vec(Op::Forward, d));  // wider dtypes: 16 bytes at most
+    if (!config_valid(Op::Forward, d, c, nullptr, kMaxCluster) || !peeled(Op::Forward, d, c.vec)) return;
+    if (KernelSpec s = make_spec(Op::Forward, d, c); seen.insert(s.name()).second) specs.push_back(s);
+  };
+  for (const auto& v : norm_variants(4096, 12345, DType::BF16))
+    for (const char* c : {"v8.t256.r1", "v8.t512.r1.c4"}) add(v.desc, c);
+  for (const auto& v : norm_variants(64, 100003, DType::BF16)) add(v.desc, "v8.t1024.r1.2p");
+  add(make_desc(8192, 77, DType::F16), "v8.t16.r4");
+  add(make_desc(8192, 77, DType::F32), "v4.t32.r1");
+  MESSAGE(fmt::format("{} peeled specs", specs.size()));
+  CHECK(specs.size() >= 20);
+  std::vector<std::string> failures(specs.size());
+  parallel_for(static_cast<int>(specs.size()), [&](int i) {
+    if (!specs[i].peel) {
+      failures[i] = "not peeled";
+      return;
+    }
+    try {
+      if (!is_elf(compile_spec(specs[i], "sm_90", "").cubin)) failures[i] = "not an ELF file";
+    } catch (const Error& e) {
+      failures[i] = e.what();
+    }
+  });
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    CAPTURE(specs[i].name());
+    CHECK_MESSAGE(failures[i].empty(), failures[i]);
+  }
+}
+
 TEST_CASE("nvrtc: every norm-family variant compiles for sm_90") {
   // LayerNorm, residual add, no weight / bias, offsets, casting modes, mixed
   // dtypes and 3-D rows, on a narrow (many rows per program), a usual, a

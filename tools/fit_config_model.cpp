@@ -12,6 +12,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <set>
 #include <random>
 #include <sstream>
 #include <string>
@@ -48,6 +49,7 @@ DeviceFacts facts_by_name(const std::string& gpu, const std::string& shipped_dir
 
 std::vector<Row> load(const std::vector<std::string>& files, const std::string& shipped_dir) {
   std::vector<Row> rows;
+  int stale = 0;
   for (const auto& path : files) {
     std::ifstream in(path);
     if (!in) throw std::runtime_error("cannot read " + path);
@@ -69,13 +71,23 @@ std::vector<Row> load(const std::vector<std::string>& files, const std::string& 
         best = std::min(best, c[1].get<double>());
       }
       row.grid = candidate_grid(row.op, row.desc, dev.max_cluster);
+      std::set<int> timed_vecs, grid_vecs;
       for (const auto& c : row.grid) {
         auto it = t.find(c.str());
+        grid_vecs.insert(c.vec);
+        if (it != t.end()) timed_vecs.insert(c.vec);
         row.ratio.push_back(it == t.end() ? 2.0 : it->second / best);
+      }
+      // Timed on another grid (odd rows peel since, with whole vectors): the
+      // times no longer describe this grid.
+      if (timed_vecs != grid_vecs) {
+        ++stale;
+        continue;
       }
       rows.push_back(std::move(row));
     }
   }
+  if (stale) fmt::print("{} rows skipped: timed on a grid of other vector widths\n", stale);
   return rows;
 }
 
@@ -119,8 +131,13 @@ ModelParams fit(Op op, const std::vector<const Row*>& rows, ModelParams p, int i
   std::normal_distribution<double> step(0.0, 0.6);
   auto clamp = [&](int i, double x) {
     const std::string name = ModelParams::name(i);
-    if (name == "tail" || name == "clpack" || name == "bw_eff" || name == "add" || (name == "two_pass" && op == Op::Forward))
-      return std::clamp(x, 0.02, 1.0);
+    // Physical ranges: a streaming kernel draws most of DRAM's bandwidth
+    // (a device copy reaches ~90% of 2 x clock x bus width); one SM alone
+    // moves tens of bytes a clock.
+    if (name == "bw_eff") return std::clamp(x, 0.6, 1.0);
+    if (name == "sm_bw") return std::clamp(x, 16.0, 128.0);
+    if (name == "tail" || name == "clpack" || name == "add") return std::clamp(x, 0.02, 1.0);
+    if (name == "two_pass" && op == Op::Forward) return std::clamp(x, 0.02, 4.0);
     if (name == "reg0") return std::clamp(std::round(x), 16.0, 64.0);
     return std::clamp(x, 1e-2, 1e5);
   };
@@ -175,6 +192,9 @@ int main(int argc, char** argv) {
   bool each = false;
   double max_geomean = 0;
   std::vector<double> start_fwd, start_bwd;
+  std::vector<std::string> show;
+  app.add_option("--show", show, "Shapes (as in the files, e.g. rms:bf16:4096x65536) whose every candidate to print: "
+                                 "predicted and measured time, fastest measured first");
   app.add_option("files", files, "heldout.py run JSON files (rows with every candidate's time)")->required()->check(CLI::ExistingFile);
   app.add_option("--iters", iters, "Random-search steps per op (0: only report the current constants)");
   app.add_option("--seed", seed, "Random seed of the search");
@@ -213,6 +233,19 @@ int main(int argc, char** argv) {
           names += fmt::format("{}{}={:.4g}", i ? " " : "", ModelParams::name(i), p.v[i]);
         fmt::print("{} constants: {}\n", label, names);
       }
+    }
+    for (const auto& r : rows) {
+      if (std::find(show.begin(), show.end(), r.shape) == show.end()) continue;
+      const ModelParams& p = fitted[r.op == Op::Forward ? 0 : 1];
+      const std::size_t pick = fastest_of(r.op, r.desc, r.grid, r.dev, p);
+      std::vector<std::size_t> order(r.grid.size());
+      for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::sort(order.begin(), order.end(), [&](auto a, auto b) { return r.ratio[a] < r.ratio[b]; });
+      fmt::print("{} {} {}: measured/fastest, predicted us (* the model's pick)\n", r.gpu,
+                 r.op == Op::Forward ? "fwd" : "bwd", r.shape);
+      for (std::size_t i : order)
+        fmt::print("  {:1}{:22} {:6.3f} {:9.2f}\n", i == pick ? "*" : "", r.grid[i].str(), r.ratio[i],
+                   predicted_ns(r.op, r.desc, r.grid[i], r.dev, p) / 1000);
     }
     if (!write_path.empty()) {
       std::ifstream in(write_path);

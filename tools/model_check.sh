@@ -64,7 +64,8 @@ fi
 
 if wants bench; then
   shapes=(rms:bf16:1x8192 rms:bf16:4x8192 rms:bf16:16x8192 rms:bf16:32x8192 rms:bf16:8192x4096 rms:bf16:4096x65536
-          rms:bf16:1024x131072 ln:fp16:4096x256 rms:bf16:4096x12345 rms:bf16:256x200000 ln:bf16:8192x4096)
+          rms:bf16:1024x131072 ln:fp16:4096x256 rms:bf16:4096x12345 rms:bf16:256x200000 ln:bf16:8192x4096
+          rms:bf16:8192x5001 ln:bf16:4096x7777 rms:fp16:2048x3001:res)
   args=()
   for s in "${shapes[@]}"; do args+=(--shape "$s"); done
   for mode in model shipped; do

@@ -686,17 +686,27 @@ int cmd_cache_migrate(const std::string& old_dir, const std::string& arch, const
 
 // cache prune: keeps only the entries that pay, those whose winner beat the
 // config model's config by more than 2% in the entry's own table. An entry
-// whose table lacks the model's config is kept (nothing says it does not pay).
+// whose table lacks the model's config is kept (nothing says it does not pay),
+// unless it was tuned before its rows could peel (norm_fwd.cuh): a table of
+// narrow vectors only, for a row the grid now moves in whole vectors.
 int cmd_cache_prune(const std::vector<std::string>& files, bool write) {
   for (const auto& path : files) {
     const auto file = read_tuned_cache_file(path, default_warn);
     if (!file) throw Error(ErrorKind::Cache, fmt::format("cannot read tuned cache {}", path));
     const DeviceFacts facts = file->device.facts();
     std::set<std::string> drop;
-    std::size_t unknown = 0;
+    std::size_t unknown = 0, unpeeled = 0;
     for (const auto& [key, e] : file->entries) {
       const Op op = shape_key_op(key);
-      const LaunchConfig model = heuristic_config(op, parse_shape_spec(e.shape).desc, facts);
+      const NormDesc desc = parse_shape_spec(e.shape).desc;
+      if (peeled(op, desc, max_vec(op, desc)) &&
+          std::none_of(e.candidates.begin(), e.candidates.end(),
+                       [&](const CandidateTiming& c) { return peeled(op, desc, c.config.vec); })) {
+        drop.insert(key);
+        ++unpeeled;
+        continue;
+      }
+      const LaunchConfig model = heuristic_config(op, desc, facts);
       double model_us = e.winner == model ? e.winner_us : -1;
       for (const auto& c : e.candidates)
         if (c.config == model && c.median_us > 0) model_us = c.median_us;
@@ -706,9 +716,9 @@ int cmd_cache_prune(const std::vector<std::string>& files, bool write) {
         drop.insert(key);
     }
     if (write) remove_from_tuned_cache_file(path, drop);
-    fmt::print("{}: {} entries: {} no faster than the config model's config by > 2% ({}), {} pay, {} without the "
-               "model's config in their table (kept)\n",
-               path, file->entries.size(), drop.size(), write ? "removed" : "dry run",
+    fmt::print("{}: {} entries: {} no faster than the config model's config by > 2% and {} tuned before their rows "
+               "peeled ({}), {} pay, {} without the model's config in their table (kept)\n",
+               path, file->entries.size(), drop.size() - unpeeled, unpeeled, write ? "removed" : "dry run",
                file->entries.size() - drop.size() - unknown, unknown);
   }
   return 0;

@@ -26,12 +26,30 @@ std::int64_t slice_columns(std::int64_t N, const LaunchConfig& c) {
   return ceil_div(ceil_div(N, c.vec), std::max(1, c.cluster)) * c.vec;
 }
 
+namespace {
+// Forward rows of plain dtypes: the quantized and FP8-input paths keep their
+// groups aligned to the row's start, so they never peel.
+bool peelable(Op op, const NormDesc& d) {
+  return op == Op::Forward && d.quant == QuantScaling::None && !is_fp8(d.x_dtype);
+}
+}  // namespace
+
+bool peeled(Op op, const NormDesc& d, int vec) {
+  if (vec <= 1 || !peelable(op, d)) return false;
+  for (std::int64_t s : row_strides(op, d))
+    if (s % vec) return true;
+  return false;
+}
+
+std::int64_t row_span(Op op, const NormDesc& d, int vec) { return d.N + (peeled(op, d, vec) ? vec - 1 : 0); }
+
 int max_vec(Op op, const NormDesc& d) {
   // Every tensor the kernel moves in vectors (unused dtypes equal x's).
   const Variant v = make_variant(op, d);
   const int widest = std::max({dtype_size(v.x), dtype_size(v.y), dtype_size(v.w), dtype_size(v.r), dtype_size(v.ro),
                                dtype_size(v.dx), v.store_yhp ? dtype_size(v.yhp) : 1});
   int vec = static_cast<int>(std::min<std::int64_t>(16 / widest, next_pow2(d.N)));
+  if (peelable(op, d)) return vec;
   for (std::int64_t s : row_strides(op, d))
     while (vec > 1 && s % vec) vec /= 2;
   return vec;
@@ -56,7 +74,7 @@ struct Share {
 };
 Share thread_share(Op op, const NormDesc& d, const LaunchConfig& c) {
   // A cluster's CTA holds its slice of the row.
-  const std::int64_t per_thread = ceil_div(slice_columns(d.N, c) / c.vec, c.threads_per_row) * c.vec;
+  const std::int64_t per_thread = ceil_div(slice_columns(row_span(op, d, c.vec), c) / c.vec, c.threads_per_row) * c.vec;
   const int full_block = c.threads() == 1024 ? 2 : 1;
   // Forward rows are cached as h_t (x's dtype, or the residual sum's).
   const bool regs = op == Op::Forward
@@ -82,7 +100,7 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
   if (!pow2(c.threads_per_row) || !pow2(c.rows_per_pid)) return no("threads_per_row and rows_per_pid must be powers of two");
   const int threads = c.threads();
   if (threads < 32 || threads > 1024) return no(fmt::format("block of {} threads is outside [32, 1024]", threads));
-  const std::int64_t chunks = ceil_div(d.N, c.vec);
+  const std::int64_t chunks = ceil_div(row_span(op, d, c.vec), c.vec);
   if (!pow2(c.cluster) || c.cluster > max_cluster)
     return no(fmt::format("cluster {} is not a power of two <= {} (the device's largest cluster)", c.cluster,
                           max_cluster));
@@ -116,6 +134,15 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
   if (c.two_pass) {
     if (fits) return no("two-pass is only for rows that do not fit in registers");
     if (c.rows_per_pid != 1) return no("two-pass handles one row per program");
+    if (op == Op::Forward) {
+      // Reading a row twice loses to any block that holds it (measured: 1.5x
+      // and more on H100 and H200), and a narrow block streams it slowly.
+      LaunchConfig whole = c;
+      whole.two_pass = false;
+      whole.threads_per_row = 1024;
+      if (thread_share(op, d, whole).in_registers) return no("two-pass is only for rows no block holds in registers");
+      if (c.threads_per_row < 256) return no("a two-pass row streams through 256 threads or more");
+    }
   } else if (!fits) {
     return no(fmt::format("{} elements per thread exceed the register budget", per_thread));
   }
@@ -196,13 +223,34 @@ DeviceFacts DeviceFacts::of(int cc_major, int cc_minor, int sm_count, std::int64
 
 LaunchConfig fit_alignment(const LaunchConfig& cfg, Op op, const NormDesc& d,
                            const std::vector<std::pair<const void*, DType>>& pointers,
-                           const std::vector<std::int64_t>& strides) {
+                           const std::vector<std::int64_t>& strides, const std::vector<RowPointer>& rows) {
   LaunchConfig c = cfg;
+  auto addr = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
   auto aligned = [&](int vec) {
     for (auto& [p, t] : pointers)
-      if (p && reinterpret_cast<std::uintptr_t>(p) % (static_cast<std::uintptr_t>(vec) * dtype_size(t))) return false;
+      if (p && addr(p) % (static_cast<std::uintptr_t>(vec) * dtype_size(t))) return false;
     for (auto s : strides)
       if (s % vec) return false;
+    const bool peel = peeled(op, d, vec);
+    const RowPointer* first = nullptr;
+    for (const RowPointer& r : rows) {
+      if (!r.p) continue;
+      const auto size = static_cast<std::uintptr_t>(dtype_size(r.t));
+      if (!peel) {
+        if (addr(r.p) % (vec * size) || r.ld % vec || r.hs % vec) return false;
+        continue;
+      }
+      // Peeled: every row starts at the same element of a vector in each tensor.
+      if (addr(r.p) % size) return false;
+      if (!first) {
+        first = &r;
+        continue;
+      }
+      auto residue = [&](const RowPointer& q) {
+        return static_cast<std::int64_t>(addr(q.p) / dtype_size(q.t) % static_cast<std::uintptr_t>(vec));
+      };
+      if (residue(r) != residue(*first) || (r.ld - first->ld) % vec || (r.hs - first->hs) % vec) return false;
+    }
     return true;
   };
   while (c.vec > 1 && !aligned(c.vec)) c.vec /= 2;
@@ -229,6 +277,21 @@ LaunchConfig fit_alignment(const LaunchConfig& cfg, Op op, const NormDesc& d,
     c.threads_per_row = static_cast<int>(std::clamp<std::int64_t>(next_pow2(chunks), 32, 1024));
   }
   return c;
+}
+
+LaunchConfig fit_forward_alignment(const LaunchConfig& cfg, const NormDesc& d, const ForwardTensors& t) {
+  // The residual's rows are 2-D (row r at r * ld): as heads, token t at
+  // t * heads * ld and head h at h * ld.
+  const std::int64_t H = d.heads;
+  auto flat = [&](const void* p, DType type, std::int64_t ld) {
+    return RowPointer{p, type, H > 1 ? H * ld : ld, H > 1 ? ld : 0};
+  };
+  return fit_alignment(cfg, Op::Forward, d,
+                       {{t.weight, d.weight_dtype}, {t.bias, d.weight_dtype}, {t.y_hp, d.y_hp_dtype}}, {},
+                       {{t.x, d.x_dtype, d.x_ld(), H > 1 ? d.x_hs() : 0},
+                        {t.y, d.y_dtype, d.y_ld(), H > 1 ? d.y_hs() : 0},
+                        flat(t.residual, d.residual_dtype, d.residual ? d.residual_ld() : 0),
+                        flat(t.residual_out, d.residual_out_dtype, d.store_residual_out ? d.residual_out_ld() : 0)});
 }
 
 std::vector<int> simplicity_key(const LaunchConfig& c) {

@@ -33,8 +33,19 @@ std::int64_t slice_columns(std::int64_t N, const LaunchConfig& cfg);
 /// in vectors: a vector never straddles two rows, so vec must divide each.
 std::vector<std::int64_t> row_strides(Op op, const NormDesc& desc);
 
+/// Whether `op`'s rows under vectors of `vec` are peeled (norm_fwd.cuh's
+/// FwdRow): a forward row of plain dtypes (neither FP8 in nor out) whose row
+/// strides are not all multiples of vec (an odd N, say) starts anywhere in a
+/// vector, and its chunks cover up to vec - 1 columns before it too.
+bool peeled(Op op, const NormDesc& desc, int vec);
+
+/// Columns a row's chunks cover under vectors of `vec`: N, or N + vec - 1
+/// when peeled.
+std::int64_t row_span(Op op, const NormDesc& desc, int vec);
+
 /// The largest vec (elements) allowed for the dtypes `op` moves (16-byte
-/// accesses) that divides every row stride.
+/// accesses) and N: one that divides every row stride, unless the rows can be
+/// peeled.
 int max_vec(Op op, const NormDesc& desc);
 
 /// Every candidate config for `op` on `desc`, after the rules that need no
@@ -83,13 +94,30 @@ struct DeviceFacts {
 /// member of the grid.
 LaunchConfig heuristic_config(Op op, const NormDesc& desc, const DeviceFacts& dev);
 
-/// Lowers cfg.vec until every pointer and row stride is aligned to a whole
-/// vector (the vectors are single 4/8/16-byte accesses), and drops cp.async
-/// stages when a chunk becomes narrower than 4 bytes; keeps the rest, unless
-/// the row's dweight share needed those stages: then a two-pass config.
+/// A tensor of rows: its pointer (null: unused), dtype, and the element
+/// strides between its tokens (ld) and heads (hs; 0 for 2-D rows), so that
+/// row t * heads + h starts at element t * ld + h * hs.
+struct RowPointer {
+  const void* p = nullptr;
+  DType t = DType::BF16;
+  std::int64_t ld = 0, hs = 0;
+};
+
+/// Lowers cfg.vec until the vectors are single aligned 4/8/16-byte
+/// accesses, and drops cp.async stages when a chunk becomes narrower than 4
+/// bytes; keeps the rest, unless the row's dweight share needed those
+/// stages: then a two-pass config. `pointers` and `strides` must be aligned
+/// to whole vectors; so must `rows`, unless the config's rows are peeled:
+/// then each row of every row tensor must start at the same element of a
+/// vector (equal base residues, strides equal modulo vec).
 LaunchConfig fit_alignment(const LaunchConfig& cfg, Op op, const NormDesc& desc,
                            const std::vector<std::pair<const void*, DType>>& pointers,
-                           const std::vector<std::int64_t>& strides);
+                           const std::vector<std::int64_t>& strides, const std::vector<RowPointer>& rows = {});
+
+/// fit_alignment for a forward call's tensors (those the call leaves unused
+/// null): the weight, bias and y_hp aligned; x, y, residual and
+/// residual_out as rows.
+LaunchConfig fit_forward_alignment(const LaunchConfig& cfg, const NormDesc& desc, const ForwardTensors& t);
 
 /// Rank for ties: a smaller key is simpler (one pass, fewer threads, fewer
 /// rows per program, wider vectors, register rows, the occupancy-sized grid).

@@ -20,7 +20,8 @@ enum : int {
   kLk,        // per vector load in one thread's chain
   kReg0,      // registers of a thread besides its cached row
   kTail,      // fwd: the last round's share; bwd: overlap of a staged row's latency (0..1)
-  kClPack,    // share of the slots clusters of 8 or 16 CTAs can fill (GPC packing)
+  kClPack,    // fwd: slots clusters lose to GPC packing, per 1024 threads of a cluster; bwd: share of the
+              // slots clusters of 8 or 16 CTAs can fill
   kBwEff,     // share of the memory bandwidth a streaming kernel draws
   kTwoPass,   // fwd: a second pass's latency (from L2) as a share of L0; bwd: the finalize launch (ns)
   kRows,      // per doubling of the rows a program handles at once (bwd: dweight staging)
@@ -73,8 +74,17 @@ double predicted_ns(Op op, const NormDesc& d, const Variant& v, const LaunchConf
     const double xfer = std::max(conc * bytes / bw, conc / used * bytes / sm_bw);
     return std::max(t, xfer) + p[kAdd] * std::min(t, xfer);
   };
+  // Forward: a program's own bytes move at its SM's share of the bandwidth
+  // after its latency chain, so one program per SM cannot hide them; the
+  // SM's programs together still move no more than its share.
+  // sm_bytes: what the SM moves, a two-pass row's second read (from L2) too.
+  auto fwd_round_ns = [&](double t, double conc, double bytes, double sm_bytes, double used) {
+    const double share = std::min(bw / used, sm_bw);
+    const double xfer = std::max(conc * bytes / bw, conc / used * sm_bytes / sm_bw);
+    return std::max(t + sm_bytes / share, xfer) + p[kAdd] * std::min(t, xfer);
+  };
   const int cl = std::max(1, c.cluster);
-  const std::int64_t slice = slice_columns(d.N, c);
+  const std::int64_t slice = slice_columns(row_span(op, d, c.vec), c);
   const int threads = c.threads();
   const double k = static_cast<double>(ceil_div(slice / c.vec, c.threads_per_row));  // vectors per thread
   const double red = p[kLred] * std::log2(std::max(2, c.threads_per_row)) + (c.threads_per_row > 32 ? p[kLsync] : 0) +
@@ -87,16 +97,22 @@ double predicted_ns(Op op, const NormDesc& d, const Variant& v, const LaunchConf
     const int nin = v.residual ? 2 : 1;
     const double read = dtype_size(v.x) + (v.residual ? dtype_size(v.r) : 0);
     const double write = dtype_size(v.y) + (v.store_res ? dtype_size(v.ro) : 0);
-    const double regs = c.two_pass ? p[kReg0] + 8 : p[kReg0] + k * c.vec * dtype_size(v.h) / 4.0;
+    // A cached row takes a register per element whatever its dtype: the
+    // compiled kernels keep it widened to fp32 (read from the cubins: 16-bit
+    // rows of 64 elements a thread take 78..97 registers, fp32 ones 78..93).
+    const double regs = c.two_pass ? p[kReg0] + 8 : p[kReg0] + k * c.vec;
     const int r = resident_ctas(dev, threads, regs, 0);
     const double ctas = needed * cl;
-    const double slots = static_cast<double>(sms) * r * (cl >= 8 ? p[kClPack] : 1.0);
+    // A cluster starts only when a GPC has room for all of its CTAs at once:
+    // the larger its threads, the more room stays idle waiting.
+    const double slots = static_cast<double>(sms) * r / (cl > 1 ? 1 + p[kClPack] * cl * threads / 1024.0 : 1.0);
     const double bytes = static_cast<double>(c.rows_per_pid) * slice * (read + write);
     double t1 = p[kL0] + red + lk * k * nin + rows_cost;
     if (c.two_pass)  // the row streams through twice, 4 chunks in flight at a time; the second pass hits L2
       t1 = p[kL0] * std::ceil(k / 4) * (1 + p[kTwoPass]) + red + 2 * lk * k * nin + rows_cost;
     const double conc = std::min(ctas, slots);
-    const double round = round_ns(t1, conc, bytes, std::min<double>(sms, conc));
+    const double sm_bytes = c.two_pass ? static_cast<double>(c.rows_per_pid) * slice * (2 * read + write) : bytes;
+    const double round = fwd_round_ns(t1, conc, bytes, sm_bytes, std::min<double>(sms, conc));
     return rounds_of(ctas, slots, p[kTail]) * round;
   }
   // Backward: persistent programs stream their rows (launch_geometry).
@@ -156,7 +172,7 @@ const ModelParams& fitted_params(Op op) {
   // Written by tools/fit_config_model (--write): the fit over
   // autotune_cache/model/*.json. Order: ModelParams::name.
   // fitted-params:begin
-  static const ModelParams fwd{{500, 10, 6.25, 625, 250, 32, 0.1221, 1, 1, 0.75, 2.5, 0.1201, 10, 14.87, 0.375}};
+  static const ModelParams fwd{{506.6, 6.108, 29.28, 328.5, 140.6, 21, 0.02445, 0.025, 0.839, 4, 3.88, 0.01, 9.291, 64.01, 0.2733}};
   static const ModelParams bwd{{3084, 38.3, 43.63, 73.68, 206, 26, 0.3246, 1, 0.717, 2112, 541.3, 1.168, 3.099, 153.3, 0.3443}};
   // fitted-params:end
   return op == Op::Forward ? fwd : bwd;

@@ -352,11 +352,7 @@ std::shared_ptr<const Plan> Engine::Impl::forward_plan(const NormDesc& d, const 
   auto p = std::make_shared<Plan>();
   try {
     const Launch l = begin_plan(*p, op, d);
-    p->config = fit_alignment(l.cfg, op, d,
-                              {{u.x, d.x_dtype}, {u.y, d.y_dtype}, {u.weight, d.weight_dtype}, {u.bias, d.weight_dtype},
-                               {u.residual, d.residual_dtype}, {u.residual_out, d.residual_out_dtype},
-                               {u.y_hp, d.y_hp_dtype}},
-                              row_strides(op, d));
+    p->config = fit_forward_alignment(l.cfg, d, u);
     p->kernel = jit.get(make_spec(op, d, p->config), l.arch);
     p->geometry = launch_geometry(op, d, p->config, l.sm_count, p->kernel->blocks_per_sm);
     p->resident = amax_grid(*p->kernel, p->geometry, l.sm_count);

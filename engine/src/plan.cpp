@@ -30,12 +30,14 @@ std::size_t PlanKeyHash::operator()(const PlanKey& k) const {
 }
 
 std::int64_t alignment_classes(const void* const* ptrs, int n) {
+  // Each pointer's address modulo 16, or null, as a digit in base 17: the
+  // residue, not just the alignment, because a peeled row's tensors must
+  // start at the same place in a vector (fit_alignment). Vectors are at most
+  // 16 bytes, so addresses alike modulo 16 are alike. 17^13 < 2^63.
   std::int64_t word = 0;
-  for (int i = 0; i < n; ++i) {
+  for (int i = n - 1; i >= 0; --i) {
     const auto p = reinterpret_cast<std::uintptr_t>(ptrs[i]);
-    // Vectors are at most 16 bytes: alignments past 16 are all alike.
-    const std::int64_t cls = p ? std::min(__builtin_ctzll(p), 4) : 7;
-    word |= cls << (3 * i);
+    word = word * 17 + (p ? static_cast<std::int64_t>(p % 16) + 1 : 0);
   }
   return word;
 }

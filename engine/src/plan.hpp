@@ -44,7 +44,7 @@ struct PlanKeyHash {
   std::size_t operator()(const PlanKey& k) const;
 };
 
-/// Alignment word of `n` pointers (3 bits each).
+/// Alignment word of `n` <= 13 pointers: each one's address modulo 16, or null.
 std::int64_t alignment_classes(const void* const* ptrs, int n);
 /// Marks a backward key that sizes the workspace (no pointers seen).
 inline constexpr std::int64_t kSizingOnly = -1;

@@ -153,6 +153,7 @@ std::string KernelSpec::source() const {
   // FP8 constants only where a variant has them (the templates read 0
   // otherwise), so the other variants' sources are what they were before FP8.
   if (v.xgroup) s += fmt::format("  static constexpr int XGROUP = {};\n", v.xgroup);
+  if (peel) s += "  static constexpr bool PEEL = true;\n";
   if (quant) {
     s += fmt::format("  using yhp_t = {};\n  static constexpr int QUANT = {}, QGROUP = {};\n", device_type(v.yhp),
                      static_cast<int>(v.quant), v.qgroup);
@@ -168,7 +169,8 @@ std::string KernelSpec::name() const {
   std::string t = v.tags(kind);
   for (char& c : t)
     if (c == ':') c = '.';
-  return fmt::format("{}.N{}.{}.{}{}", t, N, cfg.str(), index64 ? "i64" : "i32", dw_smem ? ".dws" : "");
+  return fmt::format("{}.N{}.{}.{}{}{}", t, N, cfg.str(), index64 ? "i64" : "i32", dw_smem ? ".dws" : "",
+                     peel ? ".peel" : "");
 }
 
 KernelSpec make_spec(Op op, const NormDesc& d, const LaunchConfig& cfg) {
@@ -179,6 +181,7 @@ KernelSpec make_spec(Op op, const NormDesc& d, const LaunchConfig& cfg) {
   s.cfg = cfg;
   s.cfg.programs_per_sm = 0;  // a launch parameter: one cubin serves every value
   s.dw_smem = dweight_in_smem(op, d, s.cfg);
+  s.peel = peeled(op, d, cfg.vec);
   const std::int64_t H = d.heads;
   if (op == Op::Forward) {
     s.index64 = needs_index64(d, d.x_ld(), d.x_hs(), H) || needs_index64(d, d.y_ld(), d.y_hs(), H) ||

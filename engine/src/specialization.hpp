@@ -61,6 +61,7 @@ struct KernelSpec {
   LaunchConfig cfg;       ///< unused by DweightFinalize
   bool index64 = false;   ///< 64-bit row offsets
   bool dw_smem = false;   ///< backward: weight and dw / db sums in shared memory
+  bool peel = false;      ///< forward: rows start anywhere in a vector (config_grid.hpp's peeled)
 
   /// The extern "C" kernel in the template: "normjit_norm_fwd", ...
   const char* kernel_name() const;
