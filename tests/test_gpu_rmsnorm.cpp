@@ -38,16 +38,23 @@ NormDesc make_desc(std::int64_t M, std::int64_t N, DtypeCombo c, Layout l) {
   return d;
 }
 
-void check_forward(std::int64_t M, std::int64_t N, DtypeCombo c, Layout l) {
+// Elements between each tensor's allocation and its start (Layout::offset
+// gives all three the same).
+struct Offsets {
+  std::int64_t x = 0, y = 0, w = 0;
+};
+
+void check_forward(std::int64_t M, std::int64_t N, DtypeCombo c, Layout l, Offsets o) {
   const NormDesc d = make_desc(M, N, c, l);
   const std::uint64_t seed = fresh_seed();
   CAPTURE(d.str());
   CAPTURE(l.pad);
-  CAPTURE(l.offset);
+  CAPTURE(o.x);
+  CAPTURE(o.y);
+  CAPTURE(o.w);
   CAPTURE(seed);
   Random rng(seed);
-  Tensor x(c.x, M, d.x_ld(), N, l.offset), w(c.w, 1, N, N, l.offset), y(c.y, M, d.y_ld(), N, l.offset),
-      rstd(DType::F32, 1, M, M);
+  Tensor x(c.x, M, d.x_ld(), N, o.x), w(c.w, 1, N, N, o.w), y(c.y, M, d.y_ld(), N, o.y), rstd(DType::F32, 1, M, M);
   x.fill_random(rng, -3.f, 3.f);
   w.fill_random(rng, -2.f, 2.f);
   y.poison();
@@ -61,6 +68,10 @@ void check_forward(std::int64_t M, std::int64_t N, DtypeCombo c, Layout l) {
   CHECK(relative_error(y.values(), y_ref) <= tolerance(c.y));
   CHECK(relative_error(rstd.values(), rstd_ref) <= 1e-5);
   CHECK(y.padding_untouched());
+}
+
+void check_forward(std::int64_t M, std::int64_t N, DtypeCombo c, Layout l) {
+  check_forward(M, N, c, l, {l.offset, l.offset, l.offset});
 }
 
 void check_backward(std::int64_t M, std::int64_t N, DtypeCombo c, Layout l) {
@@ -214,30 +225,7 @@ GPU_TEST_CASE("peeled rows: x and y starting at any element of a vector, odd N" 
   const Case cases[] = {{64, 12345, 0, 0, 0, bf16},  {64, 12345, 3, 3, 0, bf16}, {64, 12345, 1, 2, 0, bf16},
                         {64, 12345, 3, 3, 1, bf16},  {300, 77, 5, 5, 0, f32},    {300, 77, 2, 2, 0, mixed},
                         {2, 100003, 7, 7, 0, bf16},  {4096, 4099, 0, 0, 0, bf16}};
-  for (const Case& k : cases) {
-    const NormDesc d = make_desc(k.M, k.N, k.c, {});
-    const std::uint64_t seed = fresh_seed();
-    CAPTURE(d.str());
-    CAPTURE(k.x_off);
-    CAPTURE(k.y_off);
-    CAPTURE(k.w_off);
-    CAPTURE(seed);
-    Random rng(seed);
-    Tensor x(k.c.x, k.M, k.N, k.N, k.x_off), w(k.c.w, 1, k.N, k.N, k.w_off), y(k.c.y, k.M, k.N, k.N, k.y_off),
-        rstd(DType::F32, 1, k.M, k.M);
-    x.fill_random(rng, -3.f, 3.f);
-    w.fill_random(rng, -2.f, 2.f);
-    y.poison();
-    rstd.poison();
-    engine().rms_norm_forward(d, x.ptr(), w.ptr(), y.ptr(), static_cast<float*>(rstd.ptr()), nullptr);
-    y.download();
-    rstd.download();
-    std::vector<double> y_ref, rstd_ref;
-    rms_forward_reference(d, x.host.data(), w.host.data(), &y_ref, &rstd_ref);
-    CHECK(relative_error(y.values(), y_ref) <= tolerance(k.c.y));
-    CHECK(relative_error(rstd.values(), rstd_ref) <= 1e-5);
-    CHECK(y.padding_untouched());
-  }
+  for (const Case& k : cases) check_forward(k.M, k.N, k.c, {}, {k.x_off, k.y_off, k.w_off});
 }
 
 GPU_TEST_CASE("64-bit offsets: row strides that leave the 32-bit range") {

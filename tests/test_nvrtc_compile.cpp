@@ -61,6 +61,22 @@ void check_contains_all(const std::string& text, const std::vector<std::string>&
   for (const auto& part : parts) CHECK_MESSAGE(contains(text, part), "lacks '" << part << "' in:\n" << text);
 }
 
+// Compiles `specs` for sm_90 on every core; each must give a cubin.
+void check_compiles_for_sm90(const std::vector<KernelSpec>& specs) {
+  std::vector<std::string> failures(specs.size());
+  parallel_for(static_cast<int>(specs.size()), [&](int i) {
+    try {
+      if (!is_elf(compile_spec(specs[i], "sm_90", "").cubin)) failures[i] = "not an ELF file";
+    } catch (const Error& e) {
+      failures[i] = e.what();
+    }
+  });
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    CAPTURE(specs[i].name());
+    CHECK_MESSAGE(failures[i].empty(), failures[i]);
+  }
+}
+
 KernelSpec bf16_4096_fwd() {
   return make_spec(Op::Forward, make_desc(8192, 4096), LaunchConfig::parse("v8.t512.r1"));
 }
@@ -126,22 +142,8 @@ TEST_CASE("nvrtc: peeled rows compile on every kernel path") {
   add(make_desc(8192, 77, DType::F32), "v4.t32.r1");
   MESSAGE(fmt::format("{} peeled specs", specs.size()));
   CHECK(specs.size() >= 20);
-  std::vector<std::string> failures(specs.size());
-  parallel_for(static_cast<int>(specs.size()), [&](int i) {
-    if (!specs[i].peel) {
-      failures[i] = "not peeled";
-      return;
-    }
-    try {
-      if (!is_elf(compile_spec(specs[i], "sm_90", "").cubin)) failures[i] = "not an ELF file";
-    } catch (const Error& e) {
-      failures[i] = e.what();
-    }
-  });
-  for (std::size_t i = 0; i < specs.size(); ++i) {
-    CAPTURE(specs[i].name());
-    CHECK_MESSAGE(failures[i].empty(), failures[i]);
-  }
+  CHECK(std::all_of(specs.begin(), specs.end(), [](const KernelSpec& k) { return k.peel; }));
+  check_compiles_for_sm90(specs);
 }
 
 TEST_CASE("nvrtc: every norm-family variant compiles for sm_90") {
@@ -163,18 +165,7 @@ TEST_CASE("nvrtc: every norm-family variant compiles for sm_90") {
             if (KernelSpec s = make_spec(op, v.desc, grid[i]); seen.insert(s.name()).second) specs.push_back(s);
       }
   MESSAGE(fmt::format("{} variant specs", specs.size()));
-  std::vector<std::string> failures(specs.size());
-  parallel_for(static_cast<int>(specs.size()), [&](int i) {
-    try {
-      if (!is_elf(compile_spec(specs[i], "sm_90", "").cubin)) failures[i] = "not an ELF file";
-    } catch (const Error& e) {
-      failures[i] = e.what();
-    }
-  });
-  for (std::size_t i = 0; i < specs.size(); ++i) {
-    CAPTURE(specs[i].name());
-    CHECK_MESSAGE(failures[i].empty(), failures[i]);
-  }
+  check_compiles_for_sm90(specs);
 }
 
 TEST_CASE("nvrtc: every FP8 variant compiles for sm_80 (software conversions), sm_89 and sm_90") {

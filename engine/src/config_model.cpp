@@ -69,19 +69,14 @@ double predicted_ns(Op op, const NormDesc& d, const Variant& v, const LaunchConf
   const double bw = dev.memory_gbps * p[kBwEff];        // bytes per ns, all SMs
   const double sm_bw = p[kSmBw] * dev.sm_clock_ghz;     // bytes per ns, one SM
   // A round of `conc` programs of `bytes` each on `used` SMs: latency t, and
-  // the transfer at the lesser of DRAM's and the SMs' own bandwidth.
-  auto round_ns = [&](double t, double conc, double bytes, double used) {
-    const double xfer = std::max(conc * bytes / bw, conc / used * bytes / sm_bw);
-    return std::max(t, xfer) + p[kAdd] * std::min(t, xfer);
-  };
-  // Forward: a program's own bytes move at its SM's share of the bandwidth
-  // after its latency chain, so one program per SM cannot hide them; the
-  // SM's programs together still move no more than its share.
-  // sm_bytes: what the SM moves, a two-pass row's second read (from L2) too.
-  auto fwd_round_ns = [&](double t, double conc, double bytes, double sm_bytes, double used) {
-    const double share = std::min(bw / used, sm_bw);
+  // the transfer at the lesser of DRAM's and the SMs' own bandwidth; the SM
+  // moves sm_bytes (a two-pass row's second read, from L2, too). `own`
+  // (forward): a program's own bytes move at its SM's share of the bandwidth
+  // after its latency chain, so one program per SM cannot hide them.
+  auto round_ns = [&](double t, double conc, double bytes, double sm_bytes, double used, bool own) {
     const double xfer = std::max(conc * bytes / bw, conc / used * sm_bytes / sm_bw);
-    return std::max(t + sm_bytes / share, xfer) + p[kAdd] * std::min(t, xfer);
+    const double chain = own ? t + sm_bytes / std::min(bw / used, sm_bw) : t;
+    return std::max(chain, xfer) + p[kAdd] * std::min(t, xfer);
   };
   const int cl = std::max(1, c.cluster);
   const std::int64_t slice = slice_columns(row_span(op, d, c.vec), c);
@@ -112,7 +107,7 @@ double predicted_ns(Op op, const NormDesc& d, const Variant& v, const LaunchConf
       t1 = p[kL0] * std::ceil(k / 4) * (1 + p[kTwoPass]) + red + 2 * lk * k * nin + rows_cost;
     const double conc = std::min(ctas, slots);
     const double sm_bytes = c.two_pass ? static_cast<double>(c.rows_per_pid) * slice * (2 * read + write) : bytes;
-    const double round = fwd_round_ns(t1, conc, bytes, sm_bytes, std::min<double>(sms, conc));
+    const double round = round_ns(t1, conc, bytes, sm_bytes, std::min<double>(sms, conc), true);
     return rounds_of(ctas, slots, p[kTail]) * round;
   }
   // Backward: persistent programs stream their rows (launch_geometry).
@@ -135,7 +130,7 @@ double predicted_ns(Op op, const NormDesc& d, const Variant& v, const LaunchConf
     bytes = static_cast<double>(c.rows_per_pid) * slice * (read * 2 + write);
     t_row = 2 * (p[kL0] * std::ceil(k / 4) + red + lk * k * 2);
   }
-  const double round = round_ns(t_row, ctas, bytes, std::min<double>(sms, ctas));
+  const double round = round_ns(t_row, ctas, bytes, bytes, std::min<double>(sms, ctas), false);
   double t = iterations * round;
   if (programs > 1)  // partial dweight rows written, then summed by the finalize launch
     t += programs * d.N * 4.0 * v.partials() * 2 / bw + p[kTwoPass];
