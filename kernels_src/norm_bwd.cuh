@@ -12,9 +12,9 @@
 // in order. A grid of one program writes dw and db itself.
 //
 // With CLUSTER > 1, the CLUSTER CTAs of a cluster share each row (a slice
-// of it in each CTA's registers; the row sums are exchanged through
-// distributed shared memory), and a program is a cluster: its CTAs write
-// the disjoint column slices of one partial row.
+// of it in each CTA's registers, or streamed twice with TWO_PASS; the row
+// sums are exchanged through distributed shared memory), and a program is a
+// cluster: its CTAs write the disjoint column slices of one partial row.
 //
 // Spec (see norm_fwd.cuh) plus dx_t (dx's dtype; x_t is the normalised
 // input's), ro_t (dresidual's), DRES, STAGES and DW_SMEM. DW_SMEM keeps
@@ -32,6 +32,30 @@
 #include "norm_args.cuh"
 
 namespace nj {
+
+// DW_CLUSTER: defined only by the preludes of configs whose grid is one
+// cluster (decode rows): its CTAs take whole rows (CLUSTER is 1) and sum
+// their dw / db rows through distributed shared memory at the end, so no
+// finalize launch follows. A function, not a data member (see peel_of).
+template <class S> constexpr auto dw_cluster_or0(int) -> decltype(S::DW_CLUSTER + 0) { return S::DW_CLUSTER; }
+template <class S> constexpr int dw_cluster_or0(long) { return 0; }
+template <class S> constexpr bool dw_cluster_of() { return dw_cluster_or0<S>(0) != 0; }
+
+// Every thread of every CTA of the cluster arrives; the release / acquire
+// pair makes each CTA's shared-memory writes visible to the others' reads.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// The float at `p` (this CTA's shared memory) in the CTA of rank `rank`.
+__device__ __forceinline__ float peer_load(const float* p, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote)
+               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(p))), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
 
 template <class S> constexpr int kPartials = (S::HAS_W ? 1 : 0) + (S::HAS_B ? 1 : 0);
 template <class S> using red_t = float[S::ROWS][kWarpsPerRow<S::TPR>][2];
@@ -261,13 +285,15 @@ __device__ __forceinline__ void bwd_row(const NormArgs& a, const BwdRow<S>& R, S
 
 // End of a program: its dw / db sums to the partial rows. Several row groups
 // per program add their shares in group order through `smem`
-// (kPartials x N floats).
+// (kPartials x N floats). DW_CLUSTER: every CTA's sums go to its `smem`,
+// and each CTA adds its share of the columns over the cluster's CTAs in
+// rank order (deterministic) and writes dw / db.
 template <class S, class Share>
 __device__ __forceinline__ void emit_sums(const NormArgs& a, const Share& share, const Cols<S>& tc, float* smem) {
   using L = Layout<S>;
   constexpr int P = kPartials<S>;
   if constexpr (P == 0) return;
-  if constexpr (S::ROWS == 1) {
+  if constexpr (S::ROWS == 1 && !dw_cluster_of<S>()) {
 #pragma unroll
     for (int p = 0; p < P; ++p)
 #pragma unroll
@@ -296,7 +322,21 @@ __device__ __forceinline__ void emit_sums(const NormArgs& a, const Share& share,
       }
       __syncthreads();
     }
-    for (int j = threadIdx.x; j < P * S::N; j += S::TPR * S::ROWS) emit<S>(a, j / S::N, j % S::N, smem[j]);
+    if constexpr (dw_cluster_of<S>()) {
+      cluster_sync();  // every CTA's sums are in its shared memory
+      constexpr int T = S::TPR * S::ROWS;
+      const unsigned ctas = gridDim.x, me = blockIdx.x;  // the grid is the cluster
+      for (int j = me * T + threadIdx.x; j < P * S::N; j += ctas * T) {
+        float t = 0.f;
+        for (unsigned r = 0; r < ctas; ++r) t += peer_load(smem + j, r);
+        const bool is_db = !S::HAS_W || j >= S::N;
+        auto* out = static_cast<typename S::w_t*>(is_db ? a.db : a.dw);
+        out[j % S::N] = from_float<typename S::w_t>(t);
+      }
+      cluster_sync();  // no CTA leaves while a peer reads its shared memory
+    } else {
+      for (int j = threadIdx.x; j < P * S::N; j += S::TPR * S::ROWS) emit<S>(a, j / S::N, j % S::N, smem[j]);
+    }
   }
 }
 
@@ -311,8 +351,7 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
   using L = nj::Layout<S>;
   constexpr int P = nj::kPartials<S>;
   static_assert(!S::TWO_PASS || S::ROWS == 1, "two-pass backward handles one row per program");
-  static_assert(S::CLUSTER == 1 || (S::ROWS == 1 && !S::TWO_PASS),
-                "a cluster shares one row held in registers");
+  static_assert(S::CLUSTER == 1 || S::ROWS == 1, "a cluster shares one row");
   __shared__ nj::red_t<S> red;
   __shared__ typename nj::RowSums<S>::Exchange::Shared xsh;
   nj::RowSums<S> sums{red, typename nj::RowSums<S>::Exchange(xsh)};
@@ -326,8 +365,8 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
   const nj::Cols<S> tc{S::CLUSTER > 1 ? static_cast<int>(nj::cluster_rank()) * L::SLICE : 0, lane};
   const w_t* w = static_cast<const w_t*>(a.w);
 
-  if constexpr (S::STAGES > 0) {
-    static_assert(S::N % S::VEC == 0 && !S::TWO_PASS, "staged rows need whole chunks");
+  if constexpr (S::STAGES > 0 && !S::TWO_PASS) {
+    static_assert(S::N % S::VEC == 0, "staged rows need whole chunks");
     constexpr int XB = S::VEC * sizeof(x_t), YB = S::VEC * sizeof(y_t);
     // Layout: [stage][row group][SLICE] of x, then the same of dy. Each
     // thread copies exactly the chunks it later reads, so cp.async.wait_group
@@ -391,7 +430,7 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
       nj::bwd_row<S>(a, cur, share, row, tc, sums);
     }
     nj::cp_async_wait<0>();
-    if constexpr (S::ROWS > 1) __syncthreads();  // every thread is done with the stages: reuse them
+    if constexpr (S::ROWS > 1 || nj::dw_cluster_of<S>()) __syncthreads();  // every thread is done with the stages: reuse them
     nj::emit_sums<S>(a, share, tc, reinterpret_cast<float*>(stage_smem));
   } else if constexpr (!S::TWO_PASS) {
     static_assert(!S::DW_SMEM, "rows in registers keep dw in registers");
@@ -414,19 +453,89 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
       r0.load(a, base + rg, tc);
       nj::bwd_row<S>(a, r1, share, next + rg, tc, sums);
     }
-    __shared__ float dsum[S::ROWS > 1 ? (P > 0 ? P : 1) * S::N : 1];
-    nj::emit_sums<S>(a, share, tc, dsum);
+    if constexpr (nj::dw_cluster_of<S>()) {
+      extern __shared__ __align__(16) unsigned char dw_smem[];  // kPartials x N floats (dynamic)
+      nj::emit_sums<S>(a, share, tc, reinterpret_cast<float*>(dw_smem));
+    } else {
+      __shared__ float dsum[S::ROWS > 1 ? (P > 0 ? P : 1) * S::N : 1];
+      nj::emit_sums<S>(a, share, tc, dsum);
+    }
   } else {
     // Wide rows: two passes over x and dy per row; this program's partial
-    // rows (fp32, mostly L2-resident) accumulate dw and db in place.
+    // rows (fp32, mostly L2-resident) accumulate dw and db in place. In a
+    // cluster each CTA streams its slice twice (the second pass mostly from
+    // L2): rows too wide for the cluster's registers still spread over
+    // CLUSTER SMs, which a few rows (decode) need to draw the bandwidth.
     using dx_t = typename S::dx_t;
     using ro_t = typename S::ro_t;
-    float* pw = a.partial + (long long)blockIdx.x * S::N;                      // dw (or db without a weight)
-    float* pb = a.partial + ((long long)(P - 1) * gridDim.x + blockIdx.x) * S::N;  // db
+    float* pw = a.partial + pid * S::N;                                                   // dw (or db without a weight)
+    float* pb = a.partial + ((long long)(P - 1) * nj::num_programs<S>() + pid) * S::N;  // db
+    // This CTA's chunks [c_lo, c_hi) and columns [tc.c0, j_hi) of the row.
+    const int c_lo = tc.c0 / S::VEC;
+    const int c_hi = c_lo + L::SLICE_CHUNKS < L::CHUNKS ? c_lo + L::SLICE_CHUNKS : L::CHUNKS;
+    const int j_hi = tc.c0 + L::SLICE < S::N ? tc.c0 + L::SLICE : S::N;
+    // STAGES > 0: the CTA's slice of x and dy lands in shared memory with
+    // cp.async, all of it in flight at once (one memory latency a row, where
+    // the registers of a streaming pass keep only a few chunks in flight);
+    // both passes read it there. Layout as the one-pass stages: [stage][SLICE]
+    // of x, then of dy; each thread copies the chunks it reads (no barrier).
+    constexpr int ST = S::STAGES;
+    constexpr int SL = L::SLICE;
+    extern __shared__ __align__(16) unsigned char row_smem[];
+    x_t* xs = reinterpret_cast<x_t*>(row_smem);
+    y_t* dys = reinterpret_cast<y_t*>(row_smem + sizeof(x_t) * (ST > 0 ? ST : 1) * SL);
+    auto issue = [&](long long row, int stage) {
+      if constexpr (ST > 0) {
+        if (row < M) {
+          const x_t* xr = static_cast<const x_t*>(a.x) + nj::row_offset<S::HEADS, index_t>(row, a.x_ld, a.x_hs, a.heads);
+          const y_t* dyr = static_cast<const y_t*>(a.dy) + nj::row_offset<S::HEADS, index_t>(row, a.dy_ld, a.dy_hs, a.heads);
+          const int off = stage * SL - tc.c0;
+          for (int cidx = c_lo + lane; cidx < c_hi; cidx += S::TPR) {
+            nj::cp_async<S::VEC * sizeof(x_t)>(xs + off + cidx * S::VEC, xr + cidx * S::VEC);
+            nj::cp_async<S::VEC * sizeof(y_t)>(dys + off + cidx * S::VEC, dyr + cidx * S::VEC);
+          }
+        }
+        nj::cp_async_commit();  // an empty group past the end keeps the count uniform
+      }
+    };
+    if constexpr (ST > 0) {
+      static_assert(S::N % S::VEC == 0, "staged rows need whole chunks");
+#pragma unroll
+      for (int s = 0; s < ST - 1; ++s) issue(pid + s * step, s);
+    }
+    if constexpr (S::CLUSTER > 1) sums.xc.ready();  // the cluster's mbarriers are initialised
     bool first = true;
-    for (long long row = blockIdx.x; row < M; row += step) {
+    for (long long row = pid, k = 0; row < M; row += step, ++k) {
       const x_t* xr = static_cast<const x_t*>(a.x) + nj::row_offset<S::HEADS, index_t>(row, a.x_ld, a.x_hs, a.heads);
       const y_t* dyr = static_cast<const y_t*>(a.dy) + nj::row_offset<S::HEADS, index_t>(row, a.dy_ld, a.dy_hs, a.heads);
+      const int soff = ST > 0 ? static_cast<int>(k % (ST > 0 ? ST : 1)) * SL - tc.c0 : 0;
+      if constexpr (ST > 0) {
+        issue(row + (ST - 1) * step, static_cast<int>((k + ST - 1) % ST));
+        nj::cp_async_wait<ST - 1>();  // this row's copies have landed
+      }
+      // Chunk col of x and dy (columns >= N read as 0): shared or global memory.
+      auto ld_x = [&](int col, bool in) {
+        if constexpr (ST > 0) {
+          nj::Vec<x_t, S::VEC> v;
+          if (in) return *reinterpret_cast<const nj::Vec<x_t, S::VEC>*>(xs + soff + col);
+#pragma unroll
+          for (int k = 0; k < S::VEC; ++k) v.v[k] = nj::from_float<x_t>(0.f);
+          return v;
+        } else {
+          return nj::load_chunk<S::N, S::VEC>(xr, in ? col : S::N, false);
+        }
+      };
+      auto ld_dy = [&](int col, bool in) {
+        if constexpr (ST > 0) {
+          nj::Vec<y_t, S::VEC> v;
+          if (in) return *reinterpret_cast<const nj::Vec<y_t, S::VEC>*>(dys + soff + col);
+#pragma unroll
+          for (int k = 0; k < S::VEC; ++k) v.v[k] = nj::from_float<y_t>(0.f);
+          return v;
+        } else {
+          return nj::load_chunk<S::N, S::VEC>(dyr, in ? col : S::N, false);
+        }
+      };
       dx_t* dxr = static_cast<dx_t*>(a.dx) + nj::row_offset<S::HEADS, index_t>(row, a.dx_ld, a.dx_hs, a.heads);
       const ro_t* drr = static_cast<const ro_t*>(a.dresidual) + (S::DRES ? (index_t)row * (index_t)a.dres_ld : 0);
       const float r = a.rstd[row], mu = S::LAYERNORM ? a.mean[row] : 0.f;
@@ -439,62 +548,116 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
         if constexpr (XGL > 0) return a.x_scale[row * (S::N / XGL) + col / XGL];
         else return 1.f;
       };
+      // Each pass moves U chunks a thread at a time, all loads of a batch
+      // issued before any is used: the compiler may not hoist a load above
+      // the previous chunk's stores (the pointers may alias), so without
+      // batches a thread would wait out one memory latency per chunk. A
+      // 1024-thread block has 64 registers a thread: two chunks a batch.
+      constexpr int U = S::TPR * S::ROWS >= 1024 ? 2 : 4;
       float c[2] = {0.f, 0.f};
-#pragma unroll 4
-      for (int cidx = lane; cidx < L::CHUNKS; cidx += S::TPR) {
-        const int col = cidx * S::VEC;
-        const auto xv = nj::load_chunk<S::N, S::VEC>(xr, col, L::EXACT);
-        const auto dyv = nj::load_chunk<S::N, S::VEC>(dyr, col, L::EXACT);
-        const float xsc = x_scale(col);
-        nj::Vec<w_t, S::VEC> wv;
-        if constexpr (S::HAS_W) wv = nj::load_chunk<S::N, S::VEC>(w, col, L::EXACT);
+      for (int cb = c_lo + lane; cb < c_hi; cb += U * S::TPR) {
+        nj::Vec<x_t, S::VEC> xv[U];
+        nj::Vec<y_t, S::VEC> dyv[U];
+        nj::Vec<w_t, S::VEC> wv[U];
 #pragma unroll
-        for (int k = 0; k < S::VEC; ++k) {
-          const float g = nj::to_float(dyv.v[k]) * wprime(wv, k);
-          c[0] += g * (nj::to_float(xv.v[k]) * xsc - mu);  // padding reads as 0: g = 0 there
-          if constexpr (S::LAYERNORM) c[1] += g;
+        for (int u = 0; u < U; ++u) {
+          const int col = (cb + u * S::TPR) * S::VEC;
+          const bool in = cb + u * S::TPR < c_hi;
+          xv[u] = ld_x(col, in);
+          dyv[u] = ld_dy(col, in);
+          if constexpr (S::HAS_W) wv[u] = nj::load_chunk<S::N, S::VEC>(w, in ? col : S::N, false);
         }
-      }
-      nj::row_reduce<S::TPR, S::ROWS>(c, sums.red);
-      const float c2 = c[0] * r * (1.0f / S::N), c1 = S::LAYERNORM ? c[1] * (1.0f / S::N) : 0.f;
-#pragma unroll 4
-      for (int cidx = lane; cidx < L::CHUNKS; cidx += S::TPR) {
-        const int col = cidx * S::VEC;
-        const auto xv = nj::load_chunk<S::N, S::VEC>(xr, col, L::EXACT);
-        const auto dyv = nj::load_chunk<S::N, S::VEC>(dyr, col, L::EXACT);
-        nj::Vec<w_t, S::VEC> wv;
-        if constexpr (S::HAS_W) wv = nj::load_chunk<S::N, S::VEC>(w, col, L::EXACT);
-        nj::Vec<ro_t, S::VEC> dr;
-        if constexpr (S::DRES) dr = nj::load_chunk<S::N, S::VEC>(drr, col, L::EXACT);
-        nj::Vec<dx_t, S::VEC> dxv;
-        const float xsc = x_scale(col);
 #pragma unroll
-        for (int k = 0; k < S::VEC; ++k) {
-          const float xh = (nj::to_float(xv.v[k]) * xsc - mu) * r;
-          const float d = nj::to_float(dyv.v[k]);
-          float v = r * (d * wprime(wv, k) - c1 - xh * c2);
-          if constexpr (S::DRES) v += nj::to_float(dr.v[k]);
-          dxv.v[k] = nj::from_float<dx_t>(v);
-          if (col + k < S::N) {
-            if constexpr (S::HAS_W) pw[col + k] = (first ? 0.f : pw[col + k]) + d * xh;
-            if constexpr (S::HAS_B) pb[col + k] = (first ? 0.f : pb[col + k]) + d;
+        for (int u = 0; u < U; ++u) {
+          const float xsc = cb + u * S::TPR < c_hi ? x_scale((cb + u * S::TPR) * S::VEC) : 0.f;
+#pragma unroll
+          for (int k = 0; k < S::VEC; ++k) {
+            const float g = nj::to_float(dyv[u].v[k]) * wprime(wv[u], k);
+            c[0] += g * (nj::to_float(xv[u].v[k]) * xsc - mu);  // padding reads as 0: g = 0 there
+            if constexpr (S::LAYERNORM) c[1] += g;
           }
         }
-        nj::store_chunk<S::N, S::VEC>(dxr, col, dxv, L::EXACT);
+      }
+      sums.reduce(c);
+      const float c2 = c[0] * r * (1.0f / S::N), c1 = S::LAYERNORM ? c[1] * (1.0f / S::N) : 0.f;
+      for (int cb = c_lo + lane; cb < c_hi; cb += U * S::TPR) {
+        nj::Vec<x_t, S::VEC> xv[U];
+        nj::Vec<y_t, S::VEC> dyv[U];
+        nj::Vec<w_t, S::VEC> wv[U];
+        nj::Vec<ro_t, S::VEC> dr[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int col = (cb + u * S::TPR) * S::VEC;
+          const bool in = cb + u * S::TPR < c_hi;
+          xv[u] = ld_x(col, in);
+          dyv[u] = ld_dy(col, in);
+          if constexpr (S::HAS_W) wv[u] = nj::load_chunk<S::N, S::VEC>(w, in ? col : S::N, false);
+          if constexpr (S::DRES) dr[u] = nj::load_chunk<S::N, S::VEC>(drr, in ? col : S::N, false);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int col = (cb + u * S::TPR) * S::VEC;
+          if (cb + u * S::TPR >= c_hi) continue;
+          nj::Vec<dx_t, S::VEC> dxv;
+          nj::Vec<float, S::VEC> sw, sb;  // this row's dw and db terms
+          const float xsc = x_scale(col);
+#pragma unroll
+          for (int k = 0; k < S::VEC; ++k) {
+            const float xh = (nj::to_float(xv[u].v[k]) * xsc - mu) * r;
+            const float d = nj::to_float(dyv[u].v[k]);
+            float v = r * (d * wprime(wv[u], k) - c1 - xh * c2);
+            if constexpr (S::DRES) v += nj::to_float(dr[u].v[k]);
+            dxv.v[k] = nj::from_float<dx_t>(v);
+            sw.v[k] = d * xh;
+            sb.v[k] = d;
+          }
+          nj::store_chunk<S::N, S::VEC>(dxr, col, dxv, L::EXACT);
+          // A program's later rows add to its partial rows (L2-resident): whole
+          // vectors where N splits into chunks (the partial rows are then
+          // aligned to them), else element by element.
+          auto add_to = [&](float* p, nj::Vec<float, S::VEC>& t) {
+            if constexpr (S::N % S::VEC == 0) {
+              auto* pv = reinterpret_cast<nj::Vec<float, S::VEC>*>(p + col);
+              if (!first) {
+                const nj::Vec<float, S::VEC> o = *pv;
+#pragma unroll
+                for (int k = 0; k < S::VEC; ++k) t.v[k] += o.v[k];
+              }
+              *pv = t;
+            } else {
+#pragma unroll
+              for (int k = 0; k < S::VEC; ++k)
+                if (col + k < S::N) p[col + k] = (first ? 0.f : p[col + k]) + t.v[k];
+            }
+          };
+          if constexpr (S::HAS_W) add_to(pw, sw);
+          if constexpr (S::HAS_B) add_to(pb, sb);
+        }
       }
       first = false;
     }
     if constexpr (P > 0) {
       if (first)  // a program with no rows still owns its partial rows
-        for (int j = threadIdx.x; j < S::N; j += S::TPR) {
+        for (int j = tc.c0 + threadIdx.x; j < j_hi; j += S::TPR) {
           pw[j] = 0.f;
           pb[j] = 0.f;
         }
-      if (gridDim.x == 1) {  // the partial rows are final: convert them
+      if (nj::num_programs<S>() == 1) {  // the partial rows are final: convert them (each CTA its slice)
         __syncthreads();
-        for (int j = threadIdx.x; j < S::N; j += S::TPR)
+        // Eight columns' loads in flight before their stores (which may alias).
+        for (int j0 = tc.c0 + threadIdx.x; j0 < j_hi; j0 += 8 * S::TPR) {
+          float v[P][8];
 #pragma unroll
-          for (int p = 0; p < P; ++p) nj::emit<S>(a, p, j, a.partial[(long long)p * S::N + j]);
+          for (int u = 0; u < 8; ++u)
+#pragma unroll
+            for (int p = 0; p < P; ++p)
+              v[p][u] = j0 + u * S::TPR < j_hi ? a.partial[(long long)p * S::N + j0 + u * S::TPR] : 0.f;
+#pragma unroll
+          for (int u = 0; u < 8; ++u)
+            if (j0 + u * S::TPR < j_hi)
+#pragma unroll
+              for (int p = 0; p < P; ++p) nj::emit<S>(a, p, j0 + u * S::TPR, v[p][u]);
+        }
       }
     }
   }

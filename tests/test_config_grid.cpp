@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -423,14 +424,23 @@ TEST_CASE("config_grid: clusters split wide rows and decode rows, only where the
     CHECK(heuristic_config(op, make_desc(8192, 4096), normjit_test::test_facts(16)).cluster == 1);
     if (op == Op::Backward) CHECK(h.stages == 2);
   }
-  // A cluster's rules: one row per program, no two-pass, whole warps, whole
-  // chunks when staged.
+  // A cluster's rules: one row per program, no forward two-pass, whole
+  // warps, whole chunks when staged.
   LaunchConfig bad = c8;
   bad.rows_per_pid = 2;
   CHECK_FALSE(config_valid(Op::Forward, wide, bad, &why, 16));
   bad = c8;
   bad.two_pass = true;
   CHECK_FALSE(config_valid(Op::Forward, wide, bad, &why, 16));
+  // The backward streams a cluster's slices twice where they exceed its
+  // registers (fp32 rows of 234K: one CTA a row ran 12x slower than 16).
+  const NormDesc wide32 = make_desc(4, 234232, DType::F32, DType::F32);
+  CHECK_FALSE(config_valid(Op::Backward, wide, bad, &why, 16));  // its slices fit registers
+  bad.vec = 4;
+  CHECK_MESSAGE(config_valid(Op::Backward, wide32, bad, &why, 16), why);
+  const LaunchConfig h32 = heuristic_config(Op::Backward, wide32, normjit_test::test_facts(16));
+  CAPTURE(h32.str());
+  CHECK(h32.cluster >= 8);
   bad = c8;
   bad.threads_per_row = 16;
   CHECK_FALSE(config_valid(Op::Backward, wide, bad, &why, 16));
@@ -459,7 +469,7 @@ TEST_CASE("config_grid: clusters split wide rows and decode rows, only where the
         for (int off : {2, 4, 8}) {
           const LaunchConfig f = fit_alignment(c, op, sd, {{base + off, DType::BF16}}, row_strides(op, sd));
           CHECK_FALSE((dweight_in_smem(op, sd, f) && f.stages == 0));
-          if (f.two_pass) CHECK(config_valid(op, sd, f, &why, 1));
+          if (f.two_pass) CHECK(config_valid(op, sd, f, &why, 16));
         }
       }
   // Aligned pointers keep a staged cluster config whole.
@@ -479,3 +489,47 @@ TEST_CASE("config_grid: clusters split wide rows and decode rows, only where the
   CHECK(launch_geometry(Op::Backward, make_desc(3, 65536), c8, 132, 2, 30).programs == 3);
 }
 
+TEST_CASE("config_grid: a grid of one cluster (dw_cluster) for decode backward rows with dweight or dbias") {
+  const LaunchConfig dc = LaunchConfig::parse("v8.t1024.r1.c4.dc.s2");
+  CHECK(dc.dw_cluster);
+  CHECK(dc.cluster == 4);
+  CHECK(dc.row_split() == 1);
+  CHECK(dc.str() == "v8.t1024.r1.c4.dc.s2");
+  CHECK_THROWS_AS(LaunchConfig::parse("v8.t1024.r1.dc"), Error);  // needs a cluster
+  std::string why;
+  const NormDesc d = make_desc(4, 8192);
+  CHECK_MESSAGE(config_valid(Op::Backward, d, dc, &why, 16), why);
+  // Its CTAs take whole rows: a slice is the row, and 1024 threads hold it.
+  CHECK(slice_columns(d.N, dc) == 8192);
+  CHECK_FALSE(config_valid(Op::Forward, make_desc(4, 8192), dc, &why, 16));
+  LaunchConfig bad = dc;
+  bad.programs_per_sm = 2;
+  CHECK_FALSE(config_valid(Op::Backward, d, bad, &why, 16));
+  NormDesc no_w = d;
+  no_w.has_weight = false;  // RMSNorm without a weight: nothing to sum
+  CHECK_FALSE(config_valid(Op::Backward, no_w, dc, &why, 16));
+  CHECK_FALSE(config_valid(Op::Backward, make_desc(4, 65536, DType::F32, DType::F32), dc, &why, 16));  // 256 KiB of sums
+  // One program: the grid is the cluster, and no finalize launch follows.
+  const Geometry g = launch_geometry(Op::Backward, d, dc, 132, 1, 30);
+  CHECK(g.grid == 4);
+  CHECK(g.programs == 1);
+  CHECK(launch_geometry(Op::Backward, make_desc(37, 8192), dc, 132, 1, 30).grid == 4);
+  // In the grid for decode rows only, with no more CTAs than row groups.
+  auto dcs = [](const NormDesc& x) {
+    std::set<int> sizes;
+    for (const auto& c : candidate_grid(Op::Backward, x, 16))
+      if (c.dw_cluster) sizes.insert(c.cluster * c.rows_per_pid);
+    return sizes;
+  };
+  CHECK(dcs(make_desc(1, 8192)).empty());
+  CHECK(*dcs(make_desc(3, 8192)).rbegin() <= 4 * 2);  // M <= 4: a cluster of 4 at one row each (or 2 of r2)
+  CHECK_FALSE(dcs(make_desc(16, 8192)).empty());
+  CHECK(dcs(make_desc(4096, 8192)).empty());
+  // The spec: its CTAs see CLUSTER = 1 and DW_CLUSTER, and the sums' room.
+  const KernelSpec s = make_spec(Op::Backward, d, dc);
+  CHECK(s.source().find("CLUSTER = 1;") != std::string::npos);
+  CHECK(s.source().find("DW_CLUSTER = true") != std::string::npos);
+  CHECK(s.dynamic_smem() >= 4 * 8192);
+  CHECK(make_spec(Op::Backward, d, LaunchConfig::parse("v8.t1024.r1.s2")).source().find("DW_CLUSTER") ==
+        std::string::npos);
+}

@@ -493,6 +493,7 @@ TEST_CASE("descriptors: Engine rejects bad arguments before it touches the drive
     e.rms_norm_backward(bd, fake(1), fake(2), fake(3), rstd, fake(5), fake(6), workspace, 1 << 20, nullptr);
   };
   check_invalid([&] { backward(d, nullptr); }, {"workspace = null", "rms_bwd"});
+  check_invalid([&] { backward(d, static_cast<char*>(fake(7)) + 16); }, {"workspace = 0x", "32-byte aligned"});
   check_invalid([&] { backward(make_desc(8, 262145), fake(7)); }, {"N = 262145"});
   check_invalid(
       [&] { e.rms_norm_backward(d, nullptr, fake(2), fake(3), rstd, fake(5), fake(6), fake(7), 64, nullptr); },

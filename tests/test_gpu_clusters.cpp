@@ -3,7 +3,7 @@
 // from 16K to 256K (odd N included). Decode rows (M = 1, 3) run every
 // cluster size the grid offers; more rows (M = 37, more than the clusters of
 // the largest size resident at once, so the persistent backward loops) run
-// the largest size and a staged config. Outputs poisoned first, so an
+// the largest size, a staged and a two-pass config. Outputs poisoned first, so an
 // element no CTA wrote fails. Dtypes and norms rotate over the N: each
 // pairing once, not the full product (the code paths, not the volume).
 #include <doctest/doctest.h>
@@ -29,12 +29,17 @@ namespace {
 std::vector<LaunchConfig> cluster_configs(Op op, const NormDesc& d, int max_cluster, bool every_size) {
   std::map<int, LaunchConfig> first;
   const auto grid = candidate_grid(op, d, max_cluster);
-  for (const auto& c : grid)
-    if (c.cluster > 1 && !first.count(c.cluster)) first.emplace(c.cluster, c);
-  // The largest staged cluster config too (staged rows have their own path).
+  for (const auto& c : grid)  // (a grid of one cluster has its own case)
+    if (c.cluster > 1 && !c.dw_cluster && !first.count(c.cluster)) first.emplace(c.cluster, c);
+  // The largest staged and two-pass cluster configs too (their own paths).
   for (auto it = grid.rbegin(); it != grid.rend(); ++it)
     if (it->cluster > 1 && it->stages > 0) {
       first.emplace(100, *it);
+      break;
+    }
+  for (auto it = grid.rbegin(); it != grid.rend(); ++it)
+    if (it->cluster > 1 && it->two_pass) {
+      first.emplace(200, *it);
       break;
     }
   std::vector<LaunchConfig> out = {heuristic_config(op, d, normjit_test::test_facts(max_cluster))};
@@ -42,7 +47,7 @@ std::vector<LaunchConfig> cluster_configs(Op op, const NormDesc& d, int max_clus
   for (const auto& [cl, c] : first)
     if (cl < 100) largest = cl;
   for (const auto& [cl, c] : first)
-    if ((every_size || cl == 100 || cl == largest) && std::find(out.begin(), out.end(), c) == out.end())
+    if ((every_size || cl >= 100 || cl == largest) && std::find(out.begin(), out.end(), c) == out.end())
       out.push_back(c);
   return out;
 }
@@ -75,7 +80,8 @@ std::vector<ClusterRun> cluster_runs(const std::vector<std::int64_t>& rows, bool
   return runs;
 }
 
-// Cluster sizes (100: a staged cluster config) launched, and those of
+// Cluster sizes (100: a staged, 200: a two-pass cluster config, 300 + size:
+// a grid of one cluster) launched, and those of
 // configs the device could not launch (pruned as the tuner prunes them).
 struct Launched {
   std::set<int> ran, pruned;
@@ -104,7 +110,11 @@ Launched check_cluster_runs(const std::vector<ClusterRun>& runs) {
     const Reference ref = reference_outputs(r.op, d, s);
     for (const auto& cfg : r.configs) {
       CAPTURE(cfg.str());
-      const int size = cfg.stages > 0 && cfg.cluster > 1 ? 100 : cfg.cluster;
+      const int size = cfg.cluster == 1 ? 1
+                       : cfg.dw_cluster ? 300 + cfg.cluster
+                       : cfg.stages > 0 ? 100
+                       : cfg.two_pass   ? 200
+                                        : cfg.cluster;
       if (!launch_candidate(jit, dev, r.op, d, cfg, s)) {
         launched.pruned.insert(size);
         continue;
@@ -134,15 +144,15 @@ GPU_TEST_CASE("clusters: decode rows over every cluster size match float64 (RMSN
   const int max_cluster = device_info(current_device()).max_cluster;
   const auto runs = cluster_runs({1, 3}, true, max_cluster);
   const Launched launched = check_cluster_runs(runs);
-  // Every cluster size some grid of these shapes offers, and a staged one,
-  // ran (or could not launch on this device at all).
-  std::set<int> offered = {100};
+  // Every cluster size some grid of these shapes offers, a staged and a
+  // two-pass one, ran (or could not launch on this device at all).
+  std::set<int> offered = {100, 200};
   for (const auto& r : runs)
     for (const auto& c : candidate_grid(r.op, r.desc, max_cluster))
-      if (c.cluster > 1) offered.insert(c.cluster);
+      if (c.cluster > 1 && !c.dw_cluster) offered.insert(c.cluster);
   std::string sizes;
   for (int c : launched.ran) sizes += " " + std::to_string(c);
-  MESSAGE("cluster sizes launched (100: staged):" << sizes);
+  MESSAGE("cluster sizes launched (100: staged, 200: two-pass):" << sizes);
   for (int c : offered) {
     CAPTURE(c);
     CHECK((launched.ran.count(c) || launched.pruned.count(c)));
@@ -150,10 +160,48 @@ GPU_TEST_CASE("clusters: decode rows over every cluster size match float64 (RMSN
   }
 }
 
-GPU_TEST_CASE("clusters: more rows than resident clusters match float64 (the largest size, staged)") {
+GPU_TEST_CASE("clusters: more rows than resident clusters match float64 (the largest size, staged, two-pass)") {
   if (!clusters_available()) return;
   const int max_cluster = device_info(current_device()).max_cluster;
   const Launched launched = check_cluster_runs(cluster_runs({37}, false, max_cluster));
   CHECK(launched.ran.count(100) == 1);
-  CHECK(launched.ran.size() >= 2);
+  CHECK(launched.ran.count(200) == 1);  // LayerNorm fp32 rows of 262144 stream twice
+  CHECK(launched.ran.size() >= 3);
+}
+
+GPU_TEST_CASE("clusters: decode backward whose grid is one cluster (dw_cluster) sums dweight and dbias exactly" *
+              doctest::test_suite("quick")) {
+  if (!clusters_available()) return;
+  const int max_cluster = device_info(current_device()).max_cluster;
+  // Idle CTAs (M = 3 in a cluster of 4), several rows a CTA (M = 37), odd N,
+  // staged and register rows, row groups, weight and bias, bias only.
+  const DType dtypes[] = {DType::BF16, DType::F32, DType::F16};
+  std::vector<ClusterRun> runs;
+  int k = 0;
+  for (std::int64_t M : {2, 3, 8, 37})
+    for (std::int64_t N : {1000, 4096, 8191}) {
+      const DType t = dtypes[k % 3];
+      NormDesc d = normjit_test::make_desc(M, N, t, t);
+      if (k % 2) {
+        d.norm = NormKind::LayerNorm;
+        d.has_bias = true;
+        d.has_weight = k % 4 != 3;
+        d.eps = 1e-5f;
+      }
+      ++k;
+      // The first dw_cluster config of each cluster size, and the last of the grid.
+      std::vector<LaunchConfig> cfgs;
+      std::set<int> sizes;
+      LaunchConfig last;
+      for (const auto& c : candidate_grid(Op::Backward, d, max_cluster))
+        if (c.dw_cluster) {
+          if (sizes.insert(c.cluster).second) cfgs.push_back(c);
+          last = c;
+        }
+      REQUIRE_MESSAGE(!cfgs.empty(), d.str());
+      if (std::find(cfgs.begin(), cfgs.end(), last) == cfgs.end()) cfgs.push_back(last);
+      runs.push_back({d, Op::Backward, cfgs});
+    }
+  const Launched launched = check_cluster_runs(runs);
+  CHECK(launched.ran.size() >= 3);  // clusters of 2, 4, 8 at least
 }

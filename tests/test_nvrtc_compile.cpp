@@ -146,6 +146,32 @@ TEST_CASE("nvrtc: peeled rows compile on every kernel path") {
   check_compiles_for_sm90(specs);
 }
 
+TEST_CASE("nvrtc: backward clusters compile: slices streamed twice, and a grid of one cluster") {
+  // Two-pass cluster slices (fp32 rows no cluster holds); a grid of one
+  // cluster summing dweight / dbias through DSMEM: register and staged rows,
+  // row groups; RMSNorm and LayerNorm (weight and bias, bias only), odd N.
+  std::vector<KernelSpec> specs;
+  std::set<std::string> seen;
+  int two_pass = 0, dc = 0;
+  // One config of each path a variant's grid offers (its first).
+  auto add = [&](const NormDesc& d, const LaunchConfig& c, int& count) {
+    const std::string path = fmt::format("{}.c{}.s{}.r{}.{}", make_variant(Op::Backward, d).tags(KernelKind::Backward),
+                                         c.cluster, c.stages > 0, c.rows_per_pid > 1, d.N);
+    if (seen.insert(path).second) specs.push_back(make_spec(Op::Backward, d, c)), ++count;
+  };
+  for (const auto& v : norm_variants(4, 234232, DType::F32))
+    for (const auto& c : candidate_grid(Op::Backward, v.desc, kMaxCluster))
+      if (c.cluster > 1 && c.two_pass && c.threads_per_row == 1024) add(v.desc, c, two_pass);
+  for (std::int64_t N : {4096, 5001})
+    for (const auto& v : norm_variants(8, N, DType::BF16))
+      for (const auto& c : candidate_grid(Op::Backward, v.desc, kMaxCluster))
+        if (c.dw_cluster && c.cluster == 4) add(v.desc, c, dc);
+  MESSAGE(fmt::format("{} two-pass cluster specs, {} dw_cluster specs", two_pass, dc));
+  CHECK(two_pass >= 4);
+  CHECK(dc >= 12);
+  check_compiles_for_sm90(specs);
+}
+
 TEST_CASE("nvrtc: every norm-family variant compiles for sm_90") {
   // LayerNorm, residual add, no weight / bias, offsets, casting modes, mixed
   // dtypes and 3-D rows, on a narrow (many rows per program), a usual, a

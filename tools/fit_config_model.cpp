@@ -37,7 +37,7 @@ struct Row {
   NormDesc desc;
   DeviceFacts dev;
   std::vector<LaunchConfig> grid;
-  std::vector<double> ratio;  // per grid config: its time / the fastest; 2 where not timed
+  std::vector<double> ratio;  // per config of `grid` (the timed ones): its time / the fastest
 };
 
 // The facts of a GPU by name: the tuned-cache file of that device (shipped).
@@ -70,13 +70,16 @@ std::vector<Row> load(const std::vector<std::string>& files, const std::string& 
         t[c[0].get<std::string>()] = c[1].get<double>();
         best = std::min(best, c[1].get<double>());
       }
-      row.grid = candidate_grid(row.op, row.desc, dev.max_cluster);
+      // The model chooses among the grid's configs that were timed: configs
+      // the grid gained later (a new kernel path) are no part of this row.
       std::set<int> timed_vecs, grid_vecs;
-      for (const auto& c : row.grid) {
+      for (const auto& c : candidate_grid(row.op, row.desc, dev.max_cluster)) {
         auto it = t.find(c.str());
         grid_vecs.insert(c.vec);
-        if (it != t.end()) timed_vecs.insert(c.vec);
-        row.ratio.push_back(it == t.end() ? 2.0 : it->second / best);
+        if (it == t.end()) continue;
+        timed_vecs.insert(c.vec);
+        row.grid.push_back(c);
+        row.ratio.push_back(it->second / best);
       }
       // Timed on another grid (odd rows peel since, with whole vectors): the
       // times no longer describe this grid.

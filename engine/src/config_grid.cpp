@@ -23,7 +23,7 @@ constexpr int kBlockSizes[] = {128, 256, 512, 1024};
 }  // namespace
 
 std::int64_t slice_columns(std::int64_t N, const LaunchConfig& c) {
-  return ceil_div(ceil_div(N, c.vec), std::max(1, c.cluster)) * c.vec;
+  return ceil_div(ceil_div(N, c.vec), c.row_split()) * c.vec;
 }
 
 namespace {
@@ -104,14 +104,23 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
   if (!pow2(c.cluster) || c.cluster > max_cluster)
     return no(fmt::format("cluster {} is not a power of two <= {} (the device's largest cluster)", c.cluster,
                           max_cluster));
-  if (static_cast<std::int64_t>(c.threads_per_row) * c.cluster > next_pow2(chunks))
-    return no(c.cluster > 1 ? fmt::format("{} threads per row x cluster {} for {} chunks", c.threads_per_row,
-                                          c.cluster, chunks)
-                            : fmt::format("{} threads per row for {} chunks", c.threads_per_row, chunks));
-  if (c.cluster > 1) {
-    // The exchange reads one value per lane of a whole warp.
-    if (c.rows_per_pid != 1 || c.two_pass || c.threads_per_row < 32)
-      return no("a cluster shares one row, held in registers by >= 32 threads per CTA (no two-pass)");
+  if (static_cast<std::int64_t>(c.threads_per_row) * c.row_split() > next_pow2(chunks))
+    return no(c.row_split() > 1 ? fmt::format("{} threads per row x cluster {} for {} chunks", c.threads_per_row,
+                                              c.cluster, chunks)
+                                : fmt::format("{} threads per row for {} chunks", c.threads_per_row, chunks));
+  if (c.dw_cluster) {
+    // The grid is one cluster: for a few rows, where a second launch to sum
+    // the programs' dweight rows costs more than the rows themselves.
+    const Variant v = make_variant(op, d);
+    if (op != Op::Backward || c.cluster < 2 || c.two_pass || c.programs_per_sm || v.partials() == 0)
+      return no("dw_cluster is for backward rows with dweight or dbias, a cluster, no two-pass, no programs_per_sm");
+    if (static_cast<std::int64_t>(v.partials()) * d.N * 4 > kMaxStageBytes)
+      return no("dw_cluster's dweight rows exceed the shared-memory budget");
+  } else if (c.cluster > 1) {
+    // The exchange reads one value per lane of a whole warp. The forward's
+    // two-pass path has no exchange; the backward's streams its slices.
+    if (c.rows_per_pid != 1 || c.threads_per_row < 32 || (c.two_pass && op == Op::Forward))
+      return no("a cluster shares one row over >= 32 threads per CTA (no forward two-pass)");
   }
   if (op == Op::Forward && d.quant != QuantScaling::None) {
     const Variant qv = make_variant(op, d);
@@ -128,12 +137,25 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
   const int full_block = threads == 1024 ? 2 : 1;
   // A staged backward row may still be cached when its dw sums and weight
   // move to shared memory (the stages' budget below covers them).
-  const bool smem_dw = op == Op::Backward && !in_registers && c.rows_per_pid == 1 && c.stages >= 2 &&
+  const bool smem_dw = op == Op::Backward && !in_registers && c.rows_per_pid == 1 && c.stages >= 2 && !c.dw_cluster &&
                        per_thread * full_block <= 2 * kBwdCachedElemsPerThread;
   const bool fits = in_registers || smem_dw;
   if (c.two_pass) {
     if (fits) return no("two-pass is only for rows that do not fit in registers");
     if (c.rows_per_pid != 1) return no("two-pass handles one row per program");
+    if (op == Op::Backward && c.cluster > 1) {
+      // Streaming a cluster's slices twice only for rows that the largest
+      // cluster cannot hold (fp32 rows of 128K and more).
+      LaunchConfig whole = c;
+      whole.two_pass = false;
+      whole.cluster = max_cluster;
+      whole.threads_per_row = static_cast<int>(std::min<std::int64_t>(1024, next_pow2(chunks) / max_cluster));
+      for (int st : {0, 2}) {
+        whole.stages = st;
+        if (whole.threads_per_row >= 32 && config_valid(op, d, whole, nullptr, max_cluster))
+          return no("a cluster streams a row twice only where the largest cluster cannot hold it");
+      }
+    }
     if (op == Op::Forward) {
       // Reading a row twice loses to any block that holds it (measured: 1.5x
       // and more on H100 and H200), and a narrow block streams it slowly.
@@ -153,7 +175,9 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
   if (c.programs_per_sm < 0 || (op == Op::Forward && c.programs_per_sm != 0))
     return no("programs_per_sm is a backward launch parameter >= 0");
   if (c.stages != 0) {
-    if (op != Op::Backward || c.two_pass || c.stages < 2) return no("stages (>= 2) are for one-pass backward only");
+    // A two-pass row reads its slice from one stage; a one-pass row overlaps two or more.
+    if (op != Op::Backward || c.stages < (c.two_pass ? 1 : 2))
+      return no("stages are for the backward: >= 2 for one pass, >= 1 for two");
     if (d.N % c.vec) return no("staged rows must split into whole chunks");
     if (c.vec * std::min(dtype_size(v.x), dtype_size(v.y)) < 4) return no("cp.async moves 4 bytes or more");
     if (static_cast<std::int64_t>(c.stages) * c.rows_per_pid * slice_columns(d.N, c) * (dtype_size(v.x) + dtype_size(v.y)) +
@@ -185,17 +209,23 @@ std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& d, int max_clust
           // Rows per program beyond what M needs only idle threads, but keep
           // the smallest block for each tpr.
           if (c.rows_per_pid > mb && threads > std::max(32, tpr)) continue;
-          for (int cl = 1; cl <= max_cluster; cl *= 2) {
-            if (cl > 1 && (!clusters || c.rows_per_pid != 1 || tpr < 128)) continue;
-            for (int st : op == Op::Backward ? std::vector<int>{0, 2, 3} : std::vector<int>{0})
-              for (int p : op == Op::Backward ? std::vector<int>{0, 1, 2, 4} : std::vector<int>{0}) {
-                c.cluster = cl;
-                c.stages = st;
-                c.programs_per_sm = p;
-                if (config_valid(op, d, c, nullptr, max_cluster) && std::find(out.begin(), out.end(), c) == out.end())
-                  out.push_back(c);
-              }
-          }
+          for (int cl = 1; cl <= max_cluster; cl *= 2)
+            for (bool dc : {false, true}) {
+              if (!dc && cl > 1 && (!clusters || c.rows_per_pid != 1 || tpr < 128)) continue;
+              // One cluster as the grid: decode rows, no more CTAs than row groups.
+              if (dc && (op != Op::Backward || cl == 1 || mb > 64 || cl > ceil_div(mb, c.rows_per_pid))) continue;
+              for (int st : op != Op::Backward ? std::vector<int>{0}
+                            : two_pass     ? std::vector<int>{0, 1, 2}
+                                           : std::vector<int>{0, 2, 3})
+                for (int p : op == Op::Backward && !dc ? std::vector<int>{0, 1, 2, 4} : std::vector<int>{0}) {
+                  c.cluster = cl;
+                  c.dw_cluster = dc;
+                  c.stages = st;
+                  c.programs_per_sm = p;
+                  if (config_valid(op, d, c, nullptr, max_cluster) && std::find(out.begin(), out.end(), c) == out.end())
+                    out.push_back(c);
+                }
+            }
         }
       }
     }
@@ -295,7 +325,8 @@ LaunchConfig fit_forward_alignment(const LaunchConfig& cfg, const NormDesc& d, c
 }
 
 std::vector<int> simplicity_key(const LaunchConfig& c) {
-  return {c.two_pass ? 1 : 0, c.cluster, c.threads(), c.rows_per_pid, -c.vec, c.stages, c.programs_per_sm};
+  return {c.two_pass ? 1 : 0, c.cluster, c.dw_cluster ? 1 : 0, c.threads(), c.rows_per_pid, -c.vec, c.stages,
+          c.programs_per_sm};
 }
 
 Geometry launch_geometry(Op op, const NormDesc& d, const LaunchConfig& c, int sm_count, int blocks_per_sm,
@@ -305,6 +336,12 @@ Geometry launch_geometry(Op op, const NormDesc& d, const LaunchConfig& c, int sm
   const int cl = std::max(1, c.cluster);
   const std::int64_t needed = ceil_div(d.M, c.rows_per_pid);
   std::int64_t programs = needed;
+  if (c.dw_cluster) {
+    // One cluster, one program: its CTAs split the rows and write dweight.
+    g.programs = 1;
+    g.grid = static_cast<unsigned>(cl);
+    return g;
+  }
   if (op == Op::Backward) {
     const int per_sm = c.programs_per_sm ? std::min(c.programs_per_sm, blocks_per_sm) : blocks_per_sm;
     std::int64_t resident = static_cast<std::int64_t>(sm_count) * std::max(1, per_sm) / cl;

@@ -132,7 +132,8 @@ struct Geometry {
 /// grid of min(programs needed, resident programs): sm_count * P CTAs, with
 /// P = cfg.programs_per_sm capped at blocks_per_sm (0: blocks_per_sm),
 /// divided by the cluster size, and at most `max_clusters` clusters (the
-/// driver's count of co-resident clusters; 0: unknown).
+/// driver's count of co-resident clusters; 0: unknown). dw_cluster: one
+/// cluster of cfg.cluster CTAs, one program.
 Geometry launch_geometry(Op op, const NormDesc& desc, const LaunchConfig& cfg, int sm_count,
                          int blocks_per_sm, int max_clusters = 0);
 

@@ -330,7 +330,15 @@ void require_backward(const NormDesc& d, const BackwardTensors& t) {
   if (ln && d.has_bias) require(t.dbias, "dbias", "has_bias", op, d);
   if (d.has_dresidual) require(t.dresidual, "dresidual", "has_dresidual", op, d);
   if (is_fp8(d.normed_dtype())) require(t.x_scale, "x_scale", "an FP8 x_dtype", op, d);
-  if (make_variant(op, d).partials() > 0) require(t.workspace, "workspace", "dweight / dbias partial sums", op, d);
+  if (make_variant(op, d).partials() > 0) {
+    require(t.workspace, "workspace", "dweight / dbias partial sums", op, d);
+    // Partial rows move as whole vectors of up to 8 floats.
+    if (reinterpret_cast<std::uintptr_t>(t.workspace) % kWorkspaceAlignment)
+      throw Error(ErrorKind::InvalidArgument,
+                  fmt::format("workspace = {} is not {}-byte aligned (any cudaMalloc or PyTorch allocation is)",
+                              t.workspace, kWorkspaceAlignment),
+                  op_label(op, d.norm), d.str());
+  }
 }
 }  // namespace
 

@@ -111,7 +111,11 @@ void launch_backward(const LoadedKernel& k, const LoadedKernel* fin, const NormD
   CUdeviceptr out1 = reinterpret_cast<CUdeviceptr>(t.dbias);
   int programs = static_cast<int>(g.programs), n = static_cast<int>(d.N);
   void* fargs[] = {&part, &out0, &out1, &programs, &n};
-  fin->launch(static_cast<unsigned>((d.N + 31) / 32), 1024, s, fargs, static_cast<unsigned>(v.partials()));
+  // Slices of 32 threads over the partial rows: as many as leave each
+  // thread four rows to add (four loads in flight), 32 at most.
+  unsigned slices = 1;
+  while (slices < 32 && slices * 8 <= g.programs) slices *= 2;
+  fin->launch(static_cast<unsigned>((d.N + 31) / 32), 32 * slices, s, fargs, static_cast<unsigned>(v.partials()));
 }
 
 }  // namespace normjit::detail

@@ -105,8 +105,10 @@ Variant make_variant(Op op, const NormDesc& d) {
 
 int KernelSpec::dynamic_smem() const {
   if (kind != KernelKind::Backward) return 0;
-  return cfg.stages * cfg.rows_per_pid * slice_columns(N, cfg) * (dtype_size(v.x) + dtype_size(v.y)) +
+  const std::int64_t stages = cfg.stages * cfg.rows_per_pid * slice_columns(N, cfg) * (dtype_size(v.x) + dtype_size(v.y)) +
          (dw_smem ? slice_columns(N, cfg) * (4 * v.partials() + (v.has_w ? dtype_size(v.w) : 0)) : 0);
+  // dw_cluster: the CTA's dweight (and dbias) row, read by its peers, in the stages' place.
+  return static_cast<int>(cfg.dw_cluster ? std::max<std::int64_t>(stages, 4LL * v.partials() * N) : stages);
 }
 
 const char* KernelSpec::kernel_name() const {
@@ -141,7 +143,7 @@ std::string KernelSpec::source() const {
                    device_type(v.ro), device_type(v.h), device_type(v.dx));
   s += fmt::format("  using index_t = {};\n", index64 ? "long long" : "int");
   s += fmt::format("  static constexpr int N = {}, VEC = {}, TPR = {}, ROWS = {}, STAGES = {}, CLUSTER = {};\n", N,
-                   cfg.vec, cfg.threads_per_row, cfg.rows_per_pid, cfg.stages, cfg.cluster);
+                   cfg.vec, cfg.threads_per_row, cfg.rows_per_pid, cfg.stages, cfg.row_split());
   s += fmt::format("  static constexpr bool LAYERNORM = {}, TWO_PASS = {}, STORE_RSTD = {}, STORE_MEAN = {};\n",
                    v.norm == NormKind::LayerNorm, cfg.two_pass, v.store_rstd, v.store_mean);
   s += fmt::format("  static constexpr bool HAS_W = {}, HAS_B = {}, LLAMA = {}, HEADS = {}, DW_SMEM = {};\n", v.has_w,
@@ -154,6 +156,7 @@ std::string KernelSpec::source() const {
   // otherwise), so the other variants' sources are what they were before FP8.
   if (v.xgroup) s += fmt::format("  static constexpr int XGROUP = {};\n", v.xgroup);
   if (peel) s += "  static constexpr bool PEEL = true;\n";
+  if (cfg.dw_cluster) s += "  static constexpr bool DW_CLUSTER = true;\n";
   if (quant) {
     s += fmt::format("  using yhp_t = {};\n  static constexpr int QUANT = {}, QGROUP = {};\n", device_type(v.yhp),
                      static_cast<int>(v.quant), v.qgroup);

@@ -231,30 +231,33 @@ std::string NormDesc::str() const {
 }
 
 std::string LaunchConfig::str() const {
-  return fmt::format("v{}.t{}.r{}{}{}{}{}", vec, threads_per_row, rows_per_pid,
-                     cluster > 1 ? fmt::format(".c{}", cluster) : "", two_pass ? ".2p" : "",
+  return fmt::format("v{}.t{}.r{}{}{}{}{}{}", vec, threads_per_row, rows_per_pid,
+                     cluster > 1 ? fmt::format(".c{}", cluster) : "", two_pass ? ".2p" : "", dw_cluster ? ".dc" : "",
                      stages ? fmt::format(".s{}", stages) : "",
                      programs_per_sm ? fmt::format(".p{}", programs_per_sm) : "");
 }
 
 LaunchConfig LaunchConfig::parse(const std::string& text) {
   // At most 4 digits a field: stoi cannot overflow, and every valid value fits.
-  static const std::regex re(R"(v(\d{1,4})\.t(\d{1,4})\.r(\d{1,4})(?:\.c(\d{1,2}))?(\.2p)?(?:\.s(\d{1,4}))?(?:\.p(\d{1,4}))?)");
+  static const std::regex re(R"(v(\d{1,4})\.t(\d{1,4})\.r(\d{1,4})(?:\.c(\d{1,2}))?(\.2p)?(\.dc)?(?:\.s(\d{1,4}))?(?:\.p(\d{1,4}))?)");
   std::smatch m;
   if (!std::regex_match(text, m, re))
-    throw bad(fmt::format("config = '{}' is not of the form v<vec>.t<threads>.r<rows>[.c<cluster>][.2p][.s<stages>][.p<programs>]", text));
+    throw bad(fmt::format("config = '{}' is not of the form v<vec>.t<threads>.r<rows>[.c<cluster>][.2p][.dc][.s<stages>][.p<programs>]", text));
   LaunchConfig c;
   c.vec = std::stoi(m[1]);
   c.threads_per_row = std::stoi(m[2]);
   c.rows_per_pid = std::stoi(m[3]);
   c.cluster = m[4].matched ? std::stoi(m[4]) : 1;
   c.two_pass = m[5].matched;
-  c.stages = m[6].matched ? std::stoi(m[6]) : 0;
-  c.programs_per_sm = m[7].matched ? std::stoi(m[7]) : 0;
+  c.dw_cluster = m[6].matched;
+  c.stages = m[7].matched ? std::stoi(m[7]) : 0;
+  c.programs_per_sm = m[8].matched ? std::stoi(m[8]) : 0;
   auto pow2 = [](int v) { return v > 0 && (v & (v - 1)) == 0; };
   if (!pow2(c.vec) || c.vec > 8 || !pow2(c.threads_per_row) || c.threads_per_row > 1024 ||
-      !pow2(c.rows_per_pid) || c.threads() > 1024 || c.programs_per_sm > 64 || c.stages > 8 || !pow2(c.cluster) || c.cluster > kMaxCluster)
-    throw bad(fmt::format("config = '{}' is out of range (vec <= 8, threads <= 1024, cluster <= {}, powers of two, p <= 64)",
+      !pow2(c.rows_per_pid) || c.threads() > 1024 || c.programs_per_sm > 64 || c.stages > 8 || !pow2(c.cluster) || c.cluster > kMaxCluster ||
+      (c.dw_cluster && c.cluster < 2))
+    throw bad(fmt::format("config = '{}' is out of range (vec <= 8, threads <= 1024, cluster <= {}, powers of two, p <= 64, "
+                          ".dc with a cluster)",
                           text, kMaxCluster));
   return c;
 }

@@ -195,7 +195,7 @@ typedef struct normjit_backward_tensors {
   void* dx;              /**< [M, N] rows, x_dtype (grad_dtype for an FP8 x): dL/dx (= dL/dresidual with a residual) */
   void* dweight;         /**< [N], weight_dtype, overwritten */
   void* dbias;           /**< [N], weight_dtype, overwritten */
-  void* workspace;       /**< normjit_backward_workspace_size() bytes of device memory */
+  void* workspace;       /**< normjit_backward_workspace_size() bytes of device memory, 32-byte aligned */
   size_t workspace_bytes;
   const void* x_scale;   /**< FP8 x: [M, N / x_group] fp32, as in the forward */
 } normjit_backward_tensors;

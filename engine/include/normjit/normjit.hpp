@@ -279,6 +279,9 @@ struct ForwardTensors {
   void* y_t = nullptr;             ///< store_y_t: [N, M] y_dtype, q transposed
 };
 
+/// Alignment of a backward workspace in bytes (InvalidArgument otherwise).
+inline constexpr std::size_t kWorkspaceAlignment = 32;
+
 /// Device tensors of a backward call. dy, x, rstd, dx always; weight,
 /// dweight with has_weight; dbias with has_bias; mean for LayerNorm;
 /// dresidual with has_dresidual; workspace when backward_workspace_size > 0.
@@ -293,7 +296,7 @@ struct BackwardTensors {
   void* dx = nullptr;               ///< [M, N] rows, dx_dtype() (x_dtype, or grad_dtype for an FP8 x): dL/dx (= dL/dresidual with a residual)
   void* dweight = nullptr;          ///< [N], weight_dtype, overwritten
   void* dbias = nullptr;            ///< [N], weight_dtype, overwritten
-  void* workspace = nullptr;        ///< backward_workspace_size(desc) bytes
+  void* workspace = nullptr;        ///< backward_workspace_size(desc) bytes, kWorkspaceAlignment-byte aligned
   std::size_t workspace_bytes = 0;
 };
 
@@ -321,15 +324,22 @@ struct LaunchConfig {
   /// through distributed shared memory, so a wide row is read once. 1: no
   /// cluster. threads_per_row counts the threads of one CTA.
   int cluster = 1;
+  /// Backward only, with cluster > 1 (decode rows): the grid is one cluster
+  /// whose CTAs take whole rows instead of sharing each, and they sum their
+  /// dweight / dbias rows through distributed shared memory, so no second
+  /// (finalize) launch follows.
+  bool dw_cluster = false;
 
   int threads() const { return threads_per_row * rows_per_pid; }
-  /// "v8.t512.r1", "v8.t1024.r1.2p", "v8.t256.r1.s2.p2", "v8.t512.r1.c8"; parse() reads the same form.
+  /// CTAs that share one row: the cluster, unless its CTAs take whole rows (dw_cluster).
+  int row_split() const { return dw_cluster || cluster < 1 ? 1 : cluster; }
+  /// "v8.t512.r1", "v8.t1024.r1.2p", "v8.t256.r1.s2.p2", "v8.t512.r1.c8", "v8.t1024.r1.c8.dc"; parse() reads the same form.
   std::string str() const;
   static LaunchConfig parse(const std::string& text);
   bool operator==(const LaunchConfig& o) const {
     return vec == o.vec && threads_per_row == o.threads_per_row &&
            rows_per_pid == o.rows_per_pid && two_pass == o.two_pass && programs_per_sm == o.programs_per_sm &&
-           stages == o.stages && cluster == o.cluster;
+           stages == o.stages && cluster == o.cluster && dw_cluster == o.dw_cluster;
   }
   bool operator!=(const LaunchConfig& o) const { return !(*this == o); }
 };
