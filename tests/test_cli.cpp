@@ -21,6 +21,7 @@
 #include "driver.hpp"
 #include "normjit/version.hpp"
 #include "shapes.hpp"
+#include "specialization.hpp"
 #include "test_util.hpp"
 
 using namespace normjit;
@@ -471,16 +472,20 @@ TEST_CASE("cli: tune --model: an unknown architecture names the missing keys; no
                 {"tuning needs an NVIDIA GPU", why.c_str()});
 }
 
-TEST_CASE("cli: cache prune keeps only entries that pay, and drops those tuned before their rows peeled") {
+TEST_CASE("cli: cache prune keeps only entries that pay, and drops stale ones and those tuned before their rows peeled") {
   Cli cli;
   const fs::path shipped = fs::path(NORMJIT_SHIPPED_CACHE_DIR) / "nvidia-h200.cc90.132sm.60mib.json";
   std::ifstream in(shipped);
   nlohmann::json doc = nlohmann::json::parse(in);
   const DeviceFacts facts = DeviceFacts::of(9, 0, 132, std::int64_t{60} << 20, doc["device"]["memory_gbps"].get<double>());
-  auto entry = [](const std::string& shape, const std::vector<std::pair<std::string, double>>& times) {
+  auto entry = [](const std::string& shape, const std::vector<std::pair<std::string, double>>& times,
+                  bool current = true) {
     nlohmann::json e;
     e["shape"] = shape;
-    e["kernel_hash"] = "0";
+    // The current kernels' hash, or one of kernels that have changed since.
+    e["kernel_hash"] = current ? tuned_kernel_hash(Op::Forward, parse_shape_spec(shape).desc,
+                                                   LaunchConfig::parse(times.front().first))
+                               : "0";
     e["tuned_at"] = "2026-11-24T00:00:00Z";
     e["winner"] = times.front().first;
     e["winner_us"] = times.front().second;
@@ -499,12 +504,15 @@ TEST_CASE("cli: cache prune keeps only entries that pay, and drops those tuned b
       entry(ties, {{other_than(model_of(ties)), 10.0}, {model_of(ties), 10.1}});   // within 2%: dropped
   doc["entries"]["rms_fwd:x=bf16:y=bf16:w=bf16:rstd:N=12345:M<=4096"] =
       entry(odd, {{"v1.t512.r1", 70.0}, {"v1.t256.r1", 80.0}});                  // 2-byte vectors only: dropped
+  doc["entries"]["rms_fwd:x=bf16:y=bf16:w=bf16:rstd:N=4096:M<=8192"] =
+      entry("rms:bf16:8192x4096", {{other_than(model_of(pays)), 10.0}, {model_of(pays), 11.0}}, false);  // stale: dropped
   const fs::path file = cli.cache_dir() / "prune.json";
   std::ofstream(file) << doc.dump();
   auto r = cli("cache prune --dry-run " + file.string());
   CAPTURE(r.output);
   REQUIRE(r.exit_code == 0);
-  CHECK(contains(r.output, "3 entries: 1 no faster than the config model's config by > 2% and 1 tuned before their rows peeled"));
+  CHECK(contains(r.output, "4 entries: 1 no faster than the config model's config by > 2%, 1 tuned before their rows "
+                           "peeled and 1 stale"));
   r = cli("cache prune " + file.string());
   REQUIRE(r.exit_code == 0);
   std::ifstream after(file);

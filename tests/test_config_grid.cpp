@@ -237,7 +237,9 @@ TEST_CASE("config_grid: forward rows whose strides are no multiple of vec are pe
   CHECK(row_span(Op::Backward, odd, 8) == 12345);
   // The grid of an odd N has whole vectors, and the spec says PEEL.
   const auto grid = candidate_grid(Op::Forward, odd, kMaxCluster);
-  CHECK(std::any_of(grid.begin(), grid.end(), [](const LaunchConfig& c) { return c.vec == 8 && c.cluster > 1; }));
+  const auto decode_grid = candidate_grid(Op::Forward, make_desc(32, 12345), kMaxCluster);  // clusters at M <= 32
+  CHECK(std::any_of(decode_grid.begin(), decode_grid.end(),
+                    [](const LaunchConfig& c) { return c.vec == 8 && c.cluster > 1; }));
   CHECK(std::all_of(grid.begin(), grid.end(), [](const LaunchConfig& c) { return c.vec >= 4; }));
   const KernelSpec s = make_spec(Op::Forward, odd, cfg(8, 256, 1));
   CHECK(s.peel);
@@ -456,6 +458,13 @@ TEST_CASE("config_grid: clusters split wide rows and decode rows, only where the
   };
   CHECK(has_cluster(candidate_grid(Op::Forward, make_desc(1, 4096), 16)));
   CHECK_FALSE(has_cluster(candidate_grid(Op::Forward, make_desc(32768, 4096), 16)));
+  // Past decode, a forward row that one block holds stays in one CTA, wide
+  // as it is; rows no block holds, and decode rows, may still split.
+  CHECK_FALSE(has_cluster(candidate_grid(Op::Forward, make_desc(734, 21888, DType::F16, DType::F16), 16)));
+  CHECK_FALSE(has_cluster(candidate_grid(Op::Forward, make_desc(117, 9464, DType::F16, DType::F16), 16)));
+  CHECK(has_cluster(candidate_grid(Op::Forward, make_desc(32, 21888, DType::F16, DType::F16), 16)));
+  CHECK(has_cluster(candidate_grid(Op::Forward, make_desc(4096, 65536), 16)));
+  CHECK(has_cluster(candidate_grid(Op::Backward, make_desc(734, 21888, DType::F16, DType::F16), 16)));
 
   // Misaligned pointers give a kernel that compiles for every candidate:
   // the vec drops, then stages, then (dweight in shared memory needs its

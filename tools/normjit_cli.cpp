@@ -688,15 +688,22 @@ int cmd_cache_migrate(const std::string& old_dir, const std::string& arch, const
 // config model's config by more than 2% in the entry's own table. An entry
 // whose table lacks the model's config is kept (nothing says it does not pay),
 // unless it was tuned before its rows could peel (norm_fwd.cuh): a table of
-// narrow vectors only, for a row the grid now moves in whole vectors.
+// narrow vectors only, for a row the grid now moves in whole vectors. Stale
+// entries (their kernels changed since tuning, and `cache migrate` found
+// other machine code) go too: their timings describe code that is gone.
 int cmd_cache_prune(const std::vector<std::string>& files, bool write) {
   for (const auto& path : files) {
     const auto file = read_tuned_cache_file(path, default_warn);
     if (!file) throw Error(ErrorKind::Cache, fmt::format("cannot read tuned cache {}", path));
     const DeviceFacts facts = file->device.facts();
     std::set<std::string> drop;
-    std::size_t unknown = 0, unpeeled = 0;
+    std::size_t unknown = 0, unpeeled = 0, stale = 0;
     for (const auto& [key, e] : file->entries) {
+      if (!entry_staleness(key, e).empty()) {
+        drop.insert(key);
+        ++stale;
+        continue;
+      }
       const Op op = shape_key_op(key);
       const NormDesc desc = parse_shape_spec(e.shape).desc;
       if (peeled(op, desc, max_vec(op, desc)) &&
@@ -716,10 +723,10 @@ int cmd_cache_prune(const std::vector<std::string>& files, bool write) {
         drop.insert(key);
     }
     if (write) remove_from_tuned_cache_file(path, drop);
-    fmt::print("{}: {} entries: {} no faster than the config model's config by > 2% and {} tuned before their rows "
-               "peeled ({}), {} pay, {} without the model's config in their table (kept)\n",
-               path, file->entries.size(), drop.size() - unpeeled, unpeeled, write ? "removed" : "dry run",
-               file->entries.size() - drop.size() - unknown, unknown);
+    fmt::print("{}: {} entries: {} no faster than the config model's config by > 2%, {} tuned before their rows "
+               "peeled and {} stale ({}), {} pay, {} without the model's config in their table (kept)\n",
+               path, file->entries.size(), drop.size() - unpeeled - stale, unpeeled, stale,
+               write ? "removed" : "dry run", file->entries.size() - drop.size() - unknown, unknown);
   }
   return 0;
 }

@@ -194,7 +194,17 @@ std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& d, int max_clust
   const std::int64_t mb = std::max<std::int64_t>(1, m_bucket(d.M));
   // Clusters pay where a row is too wide for one CTA to keep many bytes in
   // flight (16 KiB and more), or where M is too small to fill the SMs.
-  const bool clusters = d.N * dtype_size(make_variant(op, d).x) >= 16384 || mb <= 32;
+  bool clusters = d.N * dtype_size(make_variant(op, d).x) >= 16384 || mb <= 32;
+  if (op == Op::Forward && mb >= 64) {
+    // Past decode (M > 32), rows that fit one block's registers lose by
+    // splitting over a cluster (on 40 + 279 fully timed shapes, 3 won by it):
+    // the H200's ln fp16 734x21888 ran v8.t512.r1 in 31 us, v8.t128.r1.c4 in
+    // 46; rms fp16 117x9464 v8.t1024.r1 5.7 us, v8.t128.r1.c16 9.7.
+    LaunchConfig whole{vmax, 1024, 1, false};
+    if (static_cast<std::int64_t>(whole.threads_per_row) <= next_pow2(ceil_div(row_span(op, d, vmax), vmax)) &&
+        thread_share(op, d, whole).in_registers)
+      clusters = false;
+  }
   for (int vec : {vmax, vmax / 2}) {
     if (vec < 1 || (vec == vmax / 2 && vmax == 1)) continue;
     for (int tpr = 1; tpr <= 1024; tpr *= 2) {
