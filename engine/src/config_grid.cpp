@@ -82,6 +82,11 @@ Share thread_share(Op op, const NormDesc& d, const LaunchConfig& c) {
                         : per_thread * full_block <= kBwdCachedElemsPerThread;
   return {per_thread, regs};
 }
+
+// Whether one 1024-thread block holds a row in registers (vectors of vec).
+bool one_block_holds(Op op, const NormDesc& d, int vec) {
+  return thread_share(op, d, LaunchConfig{vec, 1024, 1, false}).in_registers;
+}
 }  // namespace
 
 bool dweight_in_smem(Op op, const NormDesc& d, const LaunchConfig& c) {
@@ -159,10 +164,7 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
     if (op == Op::Forward) {
       // Reading a row twice loses to any block that holds it (measured: 1.5x
       // and more on H100 and H200), and a narrow block streams it slowly.
-      LaunchConfig whole = c;
-      whole.two_pass = false;
-      whole.threads_per_row = 1024;
-      if (thread_share(op, d, whole).in_registers) return no("two-pass is only for rows no block holds in registers");
+      if (one_block_holds(op, d, c.vec)) return no("two-pass is only for rows no block holds in registers");
       if (c.threads_per_row < 256) return no("a two-pass row streams through 256 threads or more");
     }
   } else if (!fits) {
@@ -193,18 +195,13 @@ std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& d, int max_clust
   const int vmax = max_vec(op, d);
   const std::int64_t mb = std::max<std::int64_t>(1, m_bucket(d.M));
   // Clusters pay where a row is too wide for one CTA to keep many bytes in
-  // flight (16 KiB and more), or where M is too small to fill the SMs.
-  bool clusters = d.N * dtype_size(make_variant(op, d).x) >= 16384 || mb <= 32;
-  if (op == Op::Forward && mb >= 64) {
-    // Past decode (M > 32), rows that fit one block's registers lose by
-    // splitting over a cluster (on 40 + 279 fully timed shapes, 3 won by it):
-    // the H200's ln fp16 734x21888 ran v8.t512.r1 in 31 us, v8.t128.r1.c4 in
-    // 46; rms fp16 117x9464 v8.t1024.r1 5.7 us, v8.t128.r1.c16 9.7.
-    LaunchConfig whole{vmax, 1024, 1, false};
-    if (static_cast<std::int64_t>(whole.threads_per_row) <= next_pow2(ceil_div(row_span(op, d, vmax), vmax)) &&
-        thread_share(op, d, whole).in_registers)
-      clusters = false;
-  }
+  // flight (16 KiB and more), or where M is too small to fill the SMs. Past
+  // decode (M > 32), forward rows that fit one block's registers lose by
+  // splitting over a cluster (on 40 + 279 fully timed shapes, 3 won by it):
+  // the H200's ln fp16 734x21888 ran v8.t512.r1 in 31 us, v8.t128.r1.c4 in
+  // 46; rms fp16 117x9464 v8.t1024.r1 5.7 us, v8.t128.r1.c16 9.7.
+  const bool clusters = (d.N * dtype_size(make_variant(op, d).x) >= 16384 || mb <= 32) &&
+                        !(op == Op::Forward && mb >= 64 && one_block_holds(op, d, vmax));
   for (int vec : {vmax, vmax / 2}) {
     if (vec < 1 || (vec == vmax / 2 && vmax == 1)) continue;
     for (int tpr = 1; tpr <= 1024; tpr *= 2) {
