@@ -625,7 +625,17 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(Spec::TPR * Spec::ROWS)
-    normjit_norm_fwd(const nj::NormArgs a, const nj::QuantArgs q) {
+// NJ_MIN_BLOCKS (the prelude's, only where > 1): the CTAs an SM must hold
+// at once. Left to itself ptxas spends up to 65536 / threads registers
+// (a 1024-thread LayerNorm row of 8 elements a thread took 60: one CTA an
+// SM, and a grid of 147 rows ran in two rounds on 132 SMs); the engine
+// derives the count from the registers the row needs, and the config model
+// counts on it.
+#ifdef NJ_MIN_BLOCKS
+#define NJ_FWD_BOUNDS __launch_bounds__(Spec::TPR * Spec::ROWS, NJ_MIN_BLOCKS)
+#else
+#define NJ_FWD_BOUNDS __launch_bounds__(Spec::TPR * Spec::ROWS)
+#endif
+extern "C" __global__ void NJ_FWD_BOUNDS normjit_norm_fwd(const nj::NormArgs a, const nj::QuantArgs q) {
   norm_fwd<Spec>(a, q);
 }

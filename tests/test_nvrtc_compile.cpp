@@ -19,6 +19,7 @@
 
 #include "autotune.hpp"
 #include "config_grid.hpp"
+#include "cubin.hpp"
 #include "jit.hpp"
 #include "nvrtc.hpp"
 #include "specialization.hpp"
@@ -61,12 +62,28 @@ void check_contains_all(const std::string& text, const std::vector<std::string>&
   for (const auto& part : parts) CHECK_MESSAGE(contains(text, part), "lacks '" << part << "' in:\n" << text);
 }
 
-// Compiles `specs` for sm_90 on every core; each must give a cubin.
+// A forward kernel compiled to hold spec.min_blocks CTAs an SM: "" when its
+// registers fit them and nothing spilled (no stack frame), else why not.
+std::string min_blocks_problem(const KernelSpec& spec, const std::string& cubin) {
+  if (spec.kind != KernelKind::Forward || spec.min_blocks <= 1) return {};
+  const CubinResources r = cubin_resources(cubin);
+  const int cap = 65536 / (spec.min_blocks * spec.threads());
+  if (r.regs < 0 || r.frame_bytes < 0) return "no register count or frame size in the cubin";
+  if (r.regs > cap || r.frame_bytes > 0)
+    return fmt::format("min blocks {}: {} registers (cap {}), a {}-byte stack frame (spilled)", spec.min_blocks,
+                       r.regs, cap, r.frame_bytes);
+  return {};
+}
+
+// Compiles `specs` for sm_90 on every core; each must give a cubin, and a
+// forward one its min blocks without spilling.
 void check_compiles_for_sm90(const std::vector<KernelSpec>& specs) {
   std::vector<std::string> failures(specs.size());
   parallel_for(static_cast<int>(specs.size()), [&](int i) {
     try {
-      if (!is_elf(compile_spec(specs[i], "sm_90", "").cubin)) failures[i] = "not an ELF file";
+      const std::string cubin = compile_spec(specs[i], "sm_90", "").cubin;
+      if (!is_elf(cubin)) failures[i] = "not an ELF file";
+      else failures[i] = min_blocks_problem(specs[i], cubin);
     } catch (const Error& e) {
       failures[i] = e.what();
     }
@@ -110,6 +127,7 @@ TEST_CASE("nvrtc: every variant compiles for sm_80 and sm_90") {
       const KernelBinary b = compile_spec(spec, arch, "");
       if (!is_elf(b.cubin)) failures[i] = "not an ELF file";
       else if (b.from_disk || b.arch != arch) failures[i] = "wrong from_disk or arch";
+      else if (arch == "sm_90") failures[i] = min_blocks_problem(spec, b.cubin);
     } catch (const Error& e) {
       failures[i] = e.what();
     }
@@ -276,6 +294,43 @@ TEST_CASE("nvrtc: the generated source holds the spec's constants and includes i
   strided.y_stride = std::int64_t{1} << 31;
   CHECK(make_spec(Op::Forward, strided, c).index64);
   CHECK_FALSE(make_spec(Op::Backward, strided, c).index64);  // y is not read backward
+}
+
+TEST_CASE("nvrtc: a forward kernel is compiled to hold its min blocks an SM, and its cubin says so") {
+  // RMSNorm bf16 4096 in 512 threads: 8 elements a thread, 32 registers,
+  // four CTAs an SM; LayerNorm of 6560 in 1024 threads needs more than 32
+  // (it spilled at 32): one CTA, and no bound in the source.
+  const KernelSpec rms = bf16_4096_fwd();
+  CHECK(forward_register_need(rms.v, rms.cfg, rms.N, rms.peel) == 32);
+  CHECK(rms.min_blocks == 4);
+  CHECK(contains(rms.source(), "#define NJ_MIN_BLOCKS 4\n"));
+  NormDesc ln = make_desc(147, 6560);
+  ln.norm = NormKind::LayerNorm;
+  ln.has_bias = true;
+  const KernelSpec lf = make_spec(Op::Forward, ln, LaunchConfig::parse("v8.t1024.r1"));
+  CHECK(lf.min_blocks == 1);
+  CHECK_FALSE(contains(lf.source(), "NJ_MIN_BLOCKS"));
+  // More elements a thread, fewer CTAs: 64 of them in 128 threads.
+  const KernelSpec wide = make_spec(Op::Forward, make_desc(64, 8192), LaunchConfig::parse("v8.t128.r1"));
+  CHECK(forward_register_need(wide.v, wide.cfg, wide.N, wide.peel) == 96);
+  CHECK(wide.min_blocks == 5);
+  // Quantized kernels keep ptxas's own choice; the backward has no bound.
+  NormDesc q = make_desc(64, 4096);
+  q.quant = QuantScaling::Token;
+  q.y_dtype = DType::E4M3;
+  CHECK(make_spec(Op::Forward, q, LaunchConfig::parse("v8.t512.r1")).min_blocks == 1);
+  CHECK(make_spec(Op::Backward, make_desc(64, 4096), LaunchConfig::parse("v8.t512.r1")).min_blocks == 1);
+
+  for (const KernelSpec& s : {rms, lf, wide}) {
+    CAPTURE(s.name());
+    const std::string cubin = compile_spec(s, "sm_90", "").cubin;
+    const CubinResources r = cubin_resources(cubin);
+    CHECK(r.regs > 0);
+    CHECK(r.regs * s.min_blocks * s.threads() <= 65536);
+    CHECK(r.frame_bytes == 0);
+    CHECK(min_blocks_problem(s, cubin).empty());
+  }
+  CHECK(cubin_resources("not an ELF file").regs == -1);
 }
 
 TEST_CASE("nvrtc: binary_cache_key is stable and changes with arch, N, dtype and config") {

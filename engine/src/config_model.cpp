@@ -18,7 +18,7 @@ enum : int {
   kLsync,     // a block-wide reduction (more than one warp a row)
   kLcl,       // a cluster's exchange through distributed shared memory
   kLk,        // per vector load in one thread's chain
-  kReg0,      // registers of a thread besides its cached row
+  kReg0,      // bwd: registers of a thread besides its cached row (fwd: forward_register_need instead)
   kTail,      // fwd: the last round's share; bwd: overlap of a staged row's latency (0..1)
   kClPack,    // fwd: slots clusters lose to GPC packing, per 1024 threads of a cluster; bwd: share of the
               // slots clusters of 8 or 16 CTAs can fill
@@ -29,6 +29,7 @@ enum : int {
   kClLog,     // per doubling of the cluster size, on top of Lcl
   kSmBw,      // bytes an SM moves per clock at most (its own limit when few SMs share DRAM)
   kAdd,       // share of the shorter of latency and transfer time not hidden by the other
+  kCta,       // fwd: per CTA an SM starts (dispatch; the tiny CTAs of narrow rows); bwd: unused
 };
 
 // Programs (CTAs) one SM holds at once: threads, registers (allocated per
@@ -54,7 +55,7 @@ double rounds_of(double ctas, double slots, double tail) {
 const char* ModelParams::name(int i) {
   static const char* names[kCount] = {"L0",     "Lred",   "Lsync",    "Lcl",  "Lk",   "reg0",
                                       "tail",   "clpack", "bw_eff",   "two_pass", "Lrows", "vec16", "Lcl_log", "sm_bw",
-                                      "add"};
+                                      "add",    "Lcta"};
   return i >= 0 && i < kCount ? names[i] : "?";
 }
 
@@ -92,10 +93,10 @@ double predicted_ns(Op op, const NormDesc& d, const Variant& v, const LaunchConf
     const int nin = v.residual ? 2 : 1;
     const double read = dtype_size(v.x) + (v.residual ? dtype_size(v.r) : 0);
     const double write = dtype_size(v.y) + (v.store_res ? dtype_size(v.ro) : 0);
-    // A cached row takes a register per element whatever its dtype: the
-    // compiled kernels keep it widened to fp32 (read from the cubins: 16-bit
-    // rows of 64 elements a thread take 78..97 registers, fp32 ones 78..93).
-    const double regs = c.two_pass ? p[kReg0] + 8 : p[kReg0] + k * c.vec;
+    // The kernel is compiled to hold forward_min_blocks CTAs an SM (its
+    // registers capped to fit them): the same count here, within the
+    // device's thread and block limits.
+    const double regs = forward_register_need(v, c, static_cast<int>(d.N), peeled(op, d, c.vec));
     const int r = resident_ctas(dev, threads, regs, 0);
     const double ctas = needed * cl;
     // A cluster starts only when a GPC has room for all of its CTAs at once:
@@ -108,7 +109,7 @@ double predicted_ns(Op op, const NormDesc& d, const Variant& v, const LaunchConf
     const double conc = std::min(ctas, slots);
     const double sm_bytes = c.two_pass ? static_cast<double>(c.rows_per_pid) * slice * (2 * read + write) : bytes;
     const double round = round_ns(t1, conc, bytes, sm_bytes, std::min<double>(sms, conc), true);
-    return rounds_of(ctas, slots, p[kTail]) * round;
+    return rounds_of(ctas, slots, p[kTail]) * round + p[kCta] * std::ceil(ctas / sms);
   }
   // Backward: persistent programs stream their rows (launch_geometry).
   const double read = dtype_size(v.x) + dtype_size(v.y) + (v.dres ? dtype_size(v.ro) : 0);
@@ -170,8 +171,8 @@ const ModelParams& fitted_params(Op op) {
   // Written by tools/fit_config_model (--write): the fit over
   // autotune_cache/model/*.json. Order: ModelParams::name.
   // fitted-params:begin
-  static const ModelParams fwd{{506.6, 6.108, 29.28, 328.5, 140.6, 21, 0.02445, 0.025, 0.839, 4, 3.88, 0.01, 9.291, 64.01, 0.2733}};
-  static const ModelParams bwd{{3084, 38.3, 43.63, 73.68, 206, 26, 0.3246, 1, 0.717, 2112, 541.3, 1.168, 3.099, 153.3, 0.3443}};
+  static const ModelParams fwd{{1372, 19.09, 12.25, 410.6, 140.6, 21, 0.02, 0.025, 0.839, 3.184, 0.5331, 0.01, 2.783, 64.01, 0.3416, 12.42}};
+  static const ModelParams bwd{{3084, 38.3, 43.63, 73.68, 206, 26, 0.3246, 1, 0.717, 2112, 541.3, 1.168, 3.099, 153.3, 0.3443, 0}};
   // fitted-params:end
   return op == Op::Forward ? fwd : bwd;
 }

@@ -29,7 +29,7 @@ namespace normjit::detail {
 
 /// Constants of the model for one op (ns unless stated; see config_model.cpp).
 struct ModelParams {
-  static constexpr int kCount = 15;
+  static constexpr int kCount = 16;
   std::array<double, kCount> v{};
   static const char* name(int i);
 };

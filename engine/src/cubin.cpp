@@ -1,6 +1,7 @@
 #include "cubin.hpp"
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -69,6 +70,44 @@ std::string machine_code_fingerprint(const std::string& f, const std::string& ke
   }
   if (!found) throw Error(ErrorKind::InvalidArgument, fmt::format("cubin: no kernel '{}'", kernel));
   return "shared=" + shared + " " + text;
+}
+
+CubinResources cubin_resources(const std::string& f) {
+  // EIATTR_REGCOUNT and EIATTR_FRAME_SIZE records (format EIFMT_SVAL 0x04,
+  // attribute 0x2f or 0x11, 8 bytes: symbol index, value) in the .nv.info
+  // sections.
+  constexpr unsigned char kSval = 0x04, kRegcount = 0x2f, kFrameSize = 0x11;
+  CubinResources r;
+  try {
+    if (f.size() < 64 || f.compare(0, 4, "\x7f" "ELF") != 0 || f[4] != 2) return r;
+    const auto shoff = field<std::uint64_t>(f, 0x28);
+    const auto shentsize = field<std::uint16_t>(f, 0x3a), shnum = field<std::uint16_t>(f, 0x3c),
+               shstrndx = field<std::uint16_t>(f, 0x3e);
+    if (shentsize < 64 || shstrndx >= shnum || !inside(shoff, std::uint64_t{shnum} * shentsize, f.size())) return r;
+    const std::uint64_t names = field<std::uint64_t>(f, shoff + std::uint64_t{shstrndx} * shentsize + 24);
+    for (std::uint64_t i = 0; i < shnum; ++i) {
+      const std::uint64_t h = shoff + i * shentsize;
+      const std::uint64_t name = names + field<std::uint32_t>(f, h);
+      if (name >= f.size() || f.compare(name, 8, ".nv.info") != 0) continue;
+      const std::uint64_t off = field<std::uint64_t>(f, h + 24), size = field<std::uint64_t>(f, h + 32);
+      if (!inside(off, size, f.size())) return CubinResources{};
+      for (std::uint64_t j = off; j + 4 <= off + size;) {
+        const auto fmt_ = static_cast<unsigned char>(f[j]), attr = static_cast<unsigned char>(f[j + 1]);
+        if (fmt_ == kSval) {
+          const auto len = field<std::uint16_t>(f, j + 2);
+          const int v = len == 8 ? static_cast<int>(field<std::uint32_t>(f, j + 8)) : -1;
+          if (attr == kRegcount) r.regs = std::max(r.regs, v);
+          if (attr == kFrameSize) r.frame_bytes = std::max(r.frame_bytes, v);
+          j += 4 + len;
+        } else {
+          j += fmt_ == 0x01 ? 2 : 4;  // EIFMT_NVAL: 2 bytes; EIFMT_BVAL, EIFMT_HVAL: 4
+        }
+      }
+    }
+    return r;
+  } catch (const Error&) {
+    return CubinResources{};
+  }
 }
 
 std::string cubin_problem(const std::string& f, const std::string& kernel) {

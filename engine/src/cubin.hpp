@@ -14,6 +14,16 @@ namespace normjit::detail {
 /// holds no such kernel.
 std::string machine_code_fingerprint(const std::string& cubin, const std::string& kernel);
 
+/// What a thread of the cubin's kernel takes (the most of its kernels'), read
+/// from the .nv.info sections: registers (EIATTR_REGCOUNT) and its stack
+/// frame in bytes (EIATTR_FRAME_SIZE: > 0 when registers spill to local
+/// memory). -1 where the file has no such record or is no 64-bit ELF.
+/// Never throws.
+struct CubinResources {
+  int regs = -1, frame_bytes = -1;
+};
+CubinResources cubin_resources(const std::string& cubin);
+
 /// Why `cubin` cannot be a compiled kernel `kernel` ("" when it can be): it
 /// must be a 64-bit little-endian CUDA ELF file (EM_CUDA) whose program
 /// headers, segments, section headers and sections all lie inside it, with

@@ -56,6 +56,14 @@ void write_atomic(const fs::path& p, const std::string& data) {
   if (!ok || std::rename(tmp.c_str(), p.c_str()) != 0) std::remove(tmp.c_str());
 }
 
+// A compile span's registers and stack frame: what sets a variant's occupancy.
+void trace_resources(trace::Span& span, const std::string& cubin) {
+  if (!trace::enabled()) return;
+  const CubinResources r = cubin_resources(cubin);
+  span.args["regs"] = std::to_string(r.regs);
+  span.args["frame_bytes"] = std::to_string(r.frame_bytes);
+}
+
 }  // namespace
 
 bool offline_mode() {
@@ -75,6 +83,7 @@ KernelBinary compile_spec(const KernelSpec& spec, const std::string& arch, const
   if (!kernel_dir.empty() && read_file(file, &b.cubin) && cubin_problem(b.cubin, spec.kernel_name()).empty()) {
     b.from_disk = true;
     span.args["from"] = "cubin cache";
+    trace_resources(span, b.cubin);
     return b;
   }
   if (offline_mode())
@@ -86,6 +95,7 @@ KernelBinary compile_spec(const KernelSpec& spec, const std::string& arch, const
   const std::string src = spec.source();
   b.cubin = compile_cubin(src, spec.name() + ".cu", kernel_sources(), nvrtc_options(), spec.kernel_name(), arch).cubin;
   if (!kernel_dir.empty()) write_atomic(file, b.cubin);
+  trace_resources(span, b.cubin);
   return b;
 }
 

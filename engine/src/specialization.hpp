@@ -62,6 +62,7 @@ struct KernelSpec {
   bool index64 = false;   ///< 64-bit row offsets
   bool dw_smem = false;   ///< backward: weight and dw / db sums in shared memory
   bool peel = false;      ///< forward: rows start anywhere in a vector (config_grid.hpp's peeled)
+  int min_blocks = 1;     ///< forward: CTAs an SM must hold at once (forward_min_blocks)
 
   /// The extern "C" kernel in the template: "normjit_norm_fwd", ...
   const char* kernel_name() const;
@@ -82,6 +83,25 @@ struct KernelSpec {
   /// Block size the kernel is compiled for.
   int threads() const { return kind == KernelKind::DweightFinalize ? 1024 : cfg.threads(); }
 };
+
+/// Registers a thread of the forward kernel of `v` under `cfg` needs to keep
+/// its row without spilling (N: the row's columns; peel: peeled rows), and
+/// from it the CTAs of cfg.threads() an SM can hold at once: the kernel is
+/// compiled with __launch_bounds__(threads, min blocks), so ptxas keeps its
+/// registers within 65536 / (min blocks * threads), and the config model
+/// counts that many programs an SM. The need: 24, one register per element
+/// a thread caches (16-bit rows are widened to fp32), 8 more from 16
+/// elements on, and shares for LayerNorm's second sum (4), a cluster's
+/// exchange (8), peeled edges (16) and a residual summed in fp32 (8);
+/// two-pass rows 32 (LayerNorm 40) and the fp32 sum's share.
+/// Fitted to the lowest register caps at which ptxas (CUDA 13.0, sm_90)
+/// spilled nothing over the forward grids of 22 shapes (every dtype, both
+/// norms, residual, odd N, clusters); tests/test_nvrtc_compile.cpp checks
+/// that the grids it compiles spill nothing. Quantized, FP8-input and
+/// two-pass kernels: 1 (ptxas chooses). The register file (65536) and the 2048
+/// threads and 32 CTAs an SM are those of sm_80 and sm_90.
+int forward_register_need(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
+int forward_min_blocks(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
 
 /// The spec of `op` for `desc` under `cfg`.
 KernelSpec make_spec(Op op, const NormDesc& desc, const LaunchConfig& cfg);
