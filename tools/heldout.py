@@ -11,6 +11,7 @@ candidate's time, the config model's training data (autotune_cache/model/).
 
   python3 tools/heldout.py draw --seed 1            # the shapes, no GPU needed
   python3 tools/heldout.py run --seed 1 --normjit build/normjit --out heldout.json
+  python3 tools/heldout.py run --shapes fwd/ln:fp16:162x113662,... --out rows.json   # given shapes
   python3 tools/heldout.py report heldout.json [more.json ...]   # markdown
   python3 tools/heldout.py score heldout.json --device SLUG [--caches all|others|none]   # no GPU needed
 
@@ -83,7 +84,8 @@ def draw(seed, count, grid_path=GRID, ops=("fwd", "bwd")):
 
 
 def run(args):
-    shapes = draw(args.seed, args.count, ops=args.ops.split(","))
+    shapes = (draw(args.seed, args.count, ops=args.ops.split(",")) if not args.shapes else
+              [{"op": t.split("/", 1)[0], "shape": t.split("/", 1)[1]} for t in args.shapes.split(",")])
     rows = []
     gpu = None
     for i, s in enumerate(shapes):
@@ -189,6 +191,8 @@ def main():
         if name == "run":
             p.add_argument("--normjit", default=os.path.join(ROOT, "build", "normjit"))
             p.add_argument("--out", default="heldout.json")
+            p.add_argument("--shapes", help="these shapes instead of a draw: op/shape,... e.g. "
+                                            "fwd/ln:fp16:162x113662,bwd/rms:bf16:8x4096 (a rule's training rows)")
     p = sub.add_parser("report")
     p.add_argument("json", nargs="+")
     p = sub.add_parser("score")

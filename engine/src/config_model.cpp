@@ -171,7 +171,7 @@ const ModelParams& fitted_params(Op op) {
   // Written by tools/fit_config_model (--write): the fit over
   // autotune_cache/model/*.json. Order: ModelParams::name.
   // fitted-params:begin
-  static const ModelParams fwd{{1372, 19.09, 12.25, 410.6, 140.6, 21, 0.02, 0.025, 0.839, 3.184, 0.5331, 0.01, 2.783, 64.01, 0.3416, 12.42}};
+  static const ModelParams fwd{{2423, 5.966, 3.852, 410.6, 221.7, 32, 0.02, 0.02, 1, 3.98, 0.4385, 0.01, 1.151, 56.01, 0.2669, 65.75}};
   static const ModelParams bwd{{3084, 38.3, 43.63, 73.68, 206, 26, 0.3246, 1, 0.717, 2112, 541.3, 1.168, 3.099, 153.3, 0.3443, 0}};
   // fitted-params:end
   return op == Op::Forward ? fwd : bwd;
