@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -30,9 +31,9 @@ struct Section {
 // [off, off + size) lies inside a file of `n` bytes (no sum wraps).
 bool inside(std::uint64_t off, std::uint64_t size, std::size_t n) { return off <= n && size <= n - off; }
 
-}  // namespace
-
-std::string machine_code_fingerprint(const std::string& f, const std::string& kernel) {
+// The section headers of a 64-bit ELF file, names resolved. Throws
+// Error(InvalidArgument) when the file or its section table is malformed.
+std::vector<Section> sections(const std::string& f) {
   if (f.size() < 64 || f.compare(0, 4, "\x7f" "ELF") != 0 || f[4] != 2)
     throw Error(ErrorKind::InvalidArgument, "cubin: not a 64-bit ELF file");
   const auto shoff = field<std::uint64_t>(f, 0x28);
@@ -52,14 +53,24 @@ std::string machine_code_fingerprint(const std::string& f, const std::string& ke
     return s;
   };
   const Section strtab = header(shstrndx);
-  std::string text, shared = "0";
-  bool found = false;
+  std::vector<Section> out;
   for (std::size_t i = 0; i < shnum; ++i) {
     Section s = header(i);
     const std::uint64_t name_off = std::stoull(s.name);
     if (strtab.offset >= f.size() || name_off >= f.size() - strtab.offset)
       throw Error(ErrorKind::InvalidArgument, "cubin: bad section name");
     s.name = std::string(f.c_str() + strtab.offset + name_off);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string machine_code_fingerprint(const std::string& f, const std::string& kernel) {
+  std::string text, shared = "0";
+  bool found = false;
+  for (const Section& s : sections(f)) {
     if (s.name == ".text." + kernel) {
       if (!inside(s.offset, s.size, f.size())) throw Error(ErrorKind::InvalidArgument, "cubin: truncated .text");
       text = fmt::format("flags={:x} info={:x} ", s.flags, s.info) + f.substr(s.offset, s.size);
@@ -79,19 +90,10 @@ CubinResources cubin_resources(const std::string& f) {
   constexpr unsigned char kSval = 0x04, kRegcount = 0x2f, kFrameSize = 0x11;
   CubinResources r;
   try {
-    if (f.size() < 64 || f.compare(0, 4, "\x7f" "ELF") != 0 || f[4] != 2) return r;
-    const auto shoff = field<std::uint64_t>(f, 0x28);
-    const auto shentsize = field<std::uint16_t>(f, 0x3a), shnum = field<std::uint16_t>(f, 0x3c),
-               shstrndx = field<std::uint16_t>(f, 0x3e);
-    if (shentsize < 64 || shstrndx >= shnum || !inside(shoff, std::uint64_t{shnum} * shentsize, f.size())) return r;
-    const std::uint64_t names = field<std::uint64_t>(f, shoff + std::uint64_t{shstrndx} * shentsize + 24);
-    for (std::uint64_t i = 0; i < shnum; ++i) {
-      const std::uint64_t h = shoff + i * shentsize;
-      const std::uint64_t name = names + field<std::uint32_t>(f, h);
-      if (name >= f.size() || f.compare(name, 8, ".nv.info") != 0) continue;
-      const std::uint64_t off = field<std::uint64_t>(f, h + 24), size = field<std::uint64_t>(f, h + 32);
-      if (!inside(off, size, f.size())) return CubinResources{};
-      for (std::uint64_t j = off; j + 4 <= off + size;) {
+    for (const Section& s : sections(f)) {
+      if (s.name.compare(0, 8, ".nv.info") != 0) continue;
+      if (!inside(s.offset, s.size, f.size())) return CubinResources{};
+      for (std::uint64_t j = s.offset; j + 4 <= s.offset + s.size;) {
         const auto fmt_ = static_cast<unsigned char>(f[j]), attr = static_cast<unsigned char>(f[j + 1]);
         if (fmt_ == kSval) {
           const auto len = field<std::uint16_t>(f, j + 2);

@@ -193,11 +193,11 @@ int forward_min_blocks(const Variant& v, const LaunchConfig& c, int N, bool peel
   // Two-pass rows hold no row: ptxas's own choice is small (32 registers),
   // and a bound made it worse (64 and a stack frame for LayerNorm fp32).
   if (v.quant != QuantScaling::None || v.xgroup || c.two_pass) return 1;
-  constexpr int kRegs = 65536, kThreads = 2048, kBlocks = 32;
+  const DeviceFacts sm90;  // its per-SM limits: those of sm_80 and sm_90
   const int threads = c.threads();
   const int alloc = (forward_register_need(v, c, N, peel) + 7) / 8 * 8;  // allocated per warp in 8s a thread
-  const int b = kRegs / (threads * alloc);
-  return std::max(1, std::min({b, kThreads / threads, kBlocks}));
+  const int b = sm90.regs_per_sm / (threads * alloc);
+  return std::max(1, std::min({b, sm90.max_threads_per_sm / threads, sm90.max_blocks_per_sm}));
 }
 
 KernelSpec make_spec(Op op, const NormDesc& d, const LaunchConfig& cfg) {
