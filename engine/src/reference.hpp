@@ -277,9 +277,14 @@ inline QuantBounds quant_bounds(const NormDesc& d, const HostTensors& in, const 
       reference_h(d, in, i, h);
       const double r = own ? rstd[i] : ref_stats.at("rstd")[i];
       const double mu = !ln ? 0.0 : own ? mean.at(i) : ref_stats.at("mean")[i];
+      // LayerNorm kernels subtract the row's first element (the shift) and
+      // then the rest of the mean: h - shift rounds relative to |shift|,
+      // which can far exceed |h| + |mean| (an FP8 row whose first element is
+      // large).
+      const double shift = ln ? std::fabs(h[0]) : 0.0;
       for (std::size_t j = 0; j < N; ++j) {
         const double t = (h[j] - mu) * r;
-        double e = fp32_gamma(4) * (std::fabs(h[j]) + std::fabs(mu)) * std::fabs(r);
+        double e = fp32_gamma(4) * (std::fabs(h[j]) + std::fabs(mu) + shift) * std::fabs(r);
         if (!own) e += stat_rel * (std::fabs(t) + (ln ? std::fabs(r) * ref_stats.at("mean_scale")[i] : 0.0));
         double tlo = t - e, thi = t + e;
         if (d.cast_mode == CastMode::Llama) tlo = round_as(d.x_dtype, tlo), thi = round_as(d.x_dtype, thi);
