@@ -15,8 +15,8 @@
 // file: using x_t, y_t, w_t, r_t, ro_t, h_t, yhp_t, index_t; constexpr int N,
 // VEC, TPR, ROWS, CLUSTER, QUANT, QGROUP, XGROUP; constexpr bool LAYERNORM,
 // TWO_PASS, STORE_RSTD, STORE_MEAN, HAS_W, HAS_B, RESIDUAL, STORE_RES,
-// ROUND_RES, LLAMA, HEADS, UE8M0, COLMAJOR, STORE_YHP, STORE_YT, PEEL;
-// constexpr float W_OFFSET. h_t is the type a cached row is kept in (x_t, r_t when the
+// ROUND_RES, LLAMA, HEADS, UE8M0, COLMAJOR, STORE_YHP, STORE_YT, PEEL,
+// WB_WITH_ROW; constexpr int STAGES, WB_BATCH; constexpr float W_OFFSET. h_t is the type a cached row is kept in (x_t, r_t when the
 // sum is rounded, else float; float for an FP8 x). Only FP8 variants define
 // XGROUP (FP8 x) and QUANT, QGROUP, UE8M0, COLMAJOR, STORE_YHP, STORE_YT,
 // yhp_t and `using Q = nj::QuantOps` (quantized y); only rows whose stride
@@ -38,6 +38,14 @@ namespace nj {
 template <class S> constexpr auto peel_or0(int) -> decltype(S::PEEL + 0) { return S::PEEL; }
 template <class S> constexpr int peel_or0(long) { return 0; }
 template <class S> constexpr bool peel_of() { return peel_or0<S>(0) != 0; }
+
+// Staged kernels' weight staging (WB_WITH_ROW, WB_BATCH: only their preludes
+// define them, so the unstaged kernels' sources stay what they were).
+// Functions, as peel_or0: a static data member became a device variable.
+template <class S> constexpr auto wb_with_row_or(int) -> decltype(S::WB_WITH_ROW + 0) { return S::WB_WITH_ROW; }
+template <class S> constexpr bool wb_with_row_or(long) { return false; }
+template <class S> constexpr auto wb_batch_or(int) -> decltype(S::WB_BATCH + 0) { return S::WB_BATCH; }
+template <class S> constexpr int wb_batch_or(long) { return 1; }
 
 // A peeled row's chunk at an aligned column `col` of which only columns
 // [lo, hi) belong to the row. Whole chunks move as one vector; the row's
@@ -162,8 +170,12 @@ template <class S> struct FwdRow {
     else return to_float(xv.v[k]);
   }
 
-  // The chunk of h at `col`, and (first_pass) h written to residual_out.
-  __device__ __forceinline__ Vec<typename S::h_t, S::VEC> load_h(int col, bool exact, bool first_pass) const {
+  // The chunk of h at `col`, and (store) h written to residual_out. Staged
+  // kernels store apart (store_res), after all of a thread's loads: x,
+  // residual, weight and y are not restrict, so the compiler keeps a load
+  // behind any earlier store, and a loop of load-store pairs waits one memory
+  // round trip a chunk. Unstaged kernels keep the pairs: fewer registers.
+  __device__ __forceinline__ Vec<typename S::h_t, S::VEC> load_h(int col, bool exact, bool store) const {
     const Vec<typename S::x_t, S::VEC> xv = ld(x, col, exact);
     Vec<typename S::h_t, S::VEC> h;
     float xscale = 1.f;
@@ -183,9 +195,21 @@ template <class S> struct FwdRow {
         h.v[k] = from_float<typename S::h_t>(sum);
         out.v[k] = from_float<typename S::ro_t>(sum);
       }
-      if (S::STORE_RES && first_pass) st(ro, col, out, exact);
+      if (S::STORE_RES && store) st(ro, col, out, exact);
     }
     return h;
+  }
+
+  // residual_out of the chunk at `col` from its h (staged kernels): h holds
+  // the sum exactly (as float, or as r_t when the sum is rounded to r_t), so
+  // this is the value the sum rounds to.
+  __device__ __forceinline__ void store_res(int col, bool exact, const Vec<typename S::h_t, S::VEC>& h) const {
+    if constexpr (S::STORE_RES) {
+      Vec<typename S::ro_t, S::VEC> out;
+#pragma unroll
+      for (int k = 0; k < S::VEC; ++k) out.v[k] = from_float<typename S::ro_t>(to_float(h.v[k]));
+      st(ro, col, out, exact);
+    }
   }
 
   // The row's first element of h in fp32 (LayerNorm's shift: every thread
@@ -203,17 +227,20 @@ template <class S> struct FwdRow {
     }
   }
 
-  // One element of h at column p (a peeled row's edge), and (first_pass)
-  // residual_out; as load_h does for a chunk.
-  __device__ __forceinline__ typename S::h_t load_h1(int p, bool first_pass) const {
+  // One element of h at column p (a peeled row's edge), and (store) its
+  // residual_out; as load_h and store_res do for a chunk.
+  __device__ __forceinline__ typename S::h_t load_h1(int p, bool store) const {
     if constexpr (!S::RESIDUAL) {
       return from_float<typename S::h_t>(to_float(x[p]));
     } else {
       float sum = to_float(x[p]) + to_float(r[p]);
       if constexpr (S::ROUND_RES) sum = round_to<typename S::r_t>(sum);
-      if (S::STORE_RES && first_pass) ro[p] = from_float<typename S::ro_t>(sum);
+      if (S::STORE_RES && store) ro[p] = from_float<typename S::ro_t>(sum);
       return from_float<typename S::h_t>(sum);
     }
+  }
+  __device__ __forceinline__ void store_res1(int p, typename S::h_t h) const {
+    if constexpr (S::STORE_RES) ro[p] = from_float<typename S::ro_t>(to_float(h));
   }
 
   // y of one element at column p (a peeled row's edge), stored; weight and
@@ -339,6 +366,8 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
   static_assert(C == 1 || QUANT == nj::Q_NONE, "quantized rows are not split over a cluster");
   static_assert(!PEEL || (QUANT == nj::Q_NONE && nj::xgroup_of<S>() == 0), "peeled rows are neither FP8 in nor out");
   constexpr bool GROUPED = QUANT == nj::Q_GROUP || QUANT == nj::Q_MX;
+  // Weight and bias staged ahead of the stores (LaunchConfig::stages 1).
+  constexpr bool STAGED = S::STAGES > 0;
   constexpr bool ROW_AMAX = QUANT == nj::Q_TOKEN || QUANT == nj::Q_TENSOR;
   // Sums per reduction: one (register rows: sum of squares, or LayerNorm's
   // sum then squared deviations), two (two-pass rows: both at once).
@@ -379,10 +408,16 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
   if constexpr (!S::TWO_PASS) {
     // The row (this CTA's slice of it) stays in registers (as h_t) between its uses.
     nj::Vec<h_t, S::VEC> hv[L::ITERS];
-    // A thread's weight and bias, when few, are loaded with the row: at small
-    // M the kernel is latency-bound, and this saves a memory round trip after
-    // the reduction.
-    constexpr bool PREFETCH_WB = L::ITERS * S::VEC * sizeof(w_t) * (S::HAS_B ? 2 : 1) <= 32;
+    // A thread's weight and bias (the engine's weight_staging). Unstaged:
+    // with the row when they are few (at small M the kernel waits on memory
+    // latency, and this saves a round trip after the reduction), else one
+    // chunk at a time after it (no registers beyond the row's). Staged
+    // (STAGES 1): with the row where the prelude says (WB_WITH_ROW), else
+    // WB_BATCH chunks' worth at once after the reduction, all loaded before
+    // their stores (see load_h).
+    constexpr bool PREFETCH_WB =
+        STAGED ? nj::wb_with_row_or<S>(0) != 0 : L::ITERS * S::VEC * sizeof(w_t) * (S::HAS_B ? 2 : 1) <= 32;
+    constexpr int WB_BATCH = PREFETCH_WB ? L::ITERS : nj::wb_batch_or<S>(0);
     nj::Vec<w_t, S::VEC> wv[PREFETCH_WB ? L::ITERS : 1], bv[PREFETCH_WB ? L::ITERS : 1];
     // Peeled rows: the chunks wholly inside the row move as vectors, and the
     // elements of its partial first and last chunk (its edges) one per lane
@@ -398,7 +433,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     for (int i = 0; i < L::ITERS; ++i) {
       const int col = tc.col(i);
       if (valid && tc.in(i) && nj::whole_chunk<PEEL>(R, col)) {
-        hv[i] = R.load_h(col, PEEL || EXACT, !measure);
+        hv[i] = R.load_h(col, PEEL || EXACT, !STAGED && !measure);
         if constexpr (PREFETCH_WB) nj::load_wb<S>(a, col, PEEL || EXACT, wv[i], bv[i], R.lo);
       } else {
 #pragma unroll
@@ -418,12 +453,26 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
 #pragma unroll
       for (int e = 0; e < XE; ++e) {
         hp[e] = R.edge(lane + e * S::TPR, c0, L::SLICE);
-        he[e] = valid && hp[e] >= 0 ? R.load_h1(hp[e], !measure) : nj::from_float<h_t>(0.f);
+        he[e] = valid && hp[e] >= 0 ? R.load_h1(hp[e], !STAGED && !measure) : nj::from_float<h_t>(0.f);
         const float f = nj::to_float(he[e]);
         if constexpr (S::LAYERNORM) {
           if (hp[e] >= 0) s[0] += f - shift;
         } else {
           s[0] += f * f;
+        }
+      }
+    }
+    // Staged: residual_out once every load of the row is issued (tensor
+    // scaling's measuring launch stores nothing).
+    if constexpr (STAGED && S::STORE_RES) {
+      if (valid && !measure) {
+#pragma unroll
+        for (int i = 0; i < L::ITERS; ++i)
+          if (tc.in(i) && nj::whole_chunk<PEEL>(R, tc.col(i))) R.store_res(tc.col(i), PEEL || EXACT, hv[i]);
+        if constexpr (PEEL) {
+#pragma unroll
+          for (int e = 0; e < XE; ++e)
+            if (hp[e] >= 0) R.store_res1(hp[e], he[e]);
         }
       }
     }
@@ -500,26 +549,64 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     }
     float inv = 1.f;  // 1 / the scale a row or the tensor shares
     if constexpr (QUANT != nj::Q_NONE) inv = S::Q::template shared_inv_scale<S>(q, row_amax, valid && lane == 0, row);
-#pragma unroll
-    for (int i = 0; i < L::ITERS; ++i) {
+    // y of chunk i of the thread, given its weight and bias (staged kernels).
+    auto store_chunk = [&](int i, const nj::Vec<w_t, S::VEC>& w, const nj::Vec<w_t, S::VEC>& b) {
       const int col = tc.col(i);
-      // A group's lanes share `valid` and `in` (groups divide N): they meet in group_max together.
-      if (valid && tc.in(i) && nj::whole_chunk<PEEL>(R, col)) {
-        nj::Vec<w_t, S::VEC> w, b;
-        if constexpr (PREFETCH_WB) {
-          w = wv[i];
-          b = bv[i];
-        } else {
-          nj::load_wb<S>(a, col, PEEL || EXACT, w, b, R.lo);
+      if constexpr (QUANT == nj::Q_NONE) {
+        R.store_y(col, PEEL || EXACT, hv[i], shift, m, rstd, w, b);
+      } else {
+        float v[S::VEC];
+        R.y_values(hv[i], shift, m, rstd, w, b, v);
+        float gi = inv;
+        if constexpr (GROUPED) gi = S::Q::template group_inv_scale<S>(q, v, col, row);
+        S::Q::template store<S>(R, col, EXACT, v, gi);
+      }
+    };
+    // A group's lanes share `valid` and `in` (groups divide N): they meet in group_max together.
+    if constexpr (!STAGED) {
+#pragma unroll
+      for (int i = 0; i < L::ITERS; ++i) {
+        const int col = tc.col(i);
+        if (valid && tc.in(i) && nj::whole_chunk<PEEL>(R, col)) {
+          nj::Vec<w_t, S::VEC> w, b;
+          if constexpr (PREFETCH_WB) {
+            w = wv[i];
+            b = bv[i];
+          } else {
+            nj::load_wb<S>(a, col, PEEL || EXACT, w, b, R.lo);
+          }
+          // (store_chunk's body written out: the lambda moved some kernels'
+          // machine code, and with it their tuned entries.)
+          if constexpr (QUANT == nj::Q_NONE) {
+            R.store_y(col, PEEL || EXACT, hv[i], shift, m, rstd, w, b);
+          } else {
+            float v[S::VEC];
+            R.y_values(hv[i], shift, m, rstd, w, b, v);
+            float gi = inv;
+            if constexpr (GROUPED) gi = S::Q::template group_inv_scale<S>(q, v, col, row);
+            S::Q::template store<S>(R, col, EXACT, v, gi);
+          }
         }
-        if constexpr (QUANT == nj::Q_NONE) {
-          R.store_y(col, PEEL || EXACT, hv[i], shift, m, rstd, w, b);
-        } else {
-          float v[S::VEC];
-          R.y_values(hv[i], shift, m, rstd, w, b, v);
-          float gi = inv;
-          if constexpr (GROUPED) gi = S::Q::template group_inv_scale<S>(q, v, col, row);
-          S::Q::template store<S>(R, col, EXACT, v, gi);
+      }
+    } else {
+#pragma unroll
+      for (int i0 = 0; i0 < L::ITERS; i0 += WB_BATCH) {
+        nj::Vec<w_t, S::VEC> wb[PREFETCH_WB ? 1 : WB_BATCH], bb[PREFETCH_WB ? 1 : WB_BATCH];
+        if constexpr (!PREFETCH_WB) {
+#pragma unroll
+          for (int j = 0; j < WB_BATCH; ++j) {
+            const int i = i0 + j;
+            if (i < L::ITERS && valid && tc.in(i) && nj::whole_chunk<PEEL>(R, tc.col(i)))
+              nj::load_wb<S>(a, tc.col(i), PEEL || EXACT, wb[j], bb[j], R.lo);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < WB_BATCH; ++j) {
+          const int i = i0 + j;
+          if (i < L::ITERS && valid && tc.in(i) && nj::whole_chunk<PEEL>(R, tc.col(i))) {
+            if constexpr (PREFETCH_WB) store_chunk(i, wv[i], bv[i]);
+            else store_chunk(i, wb[j], bb[j]);
+          }
         }
       }
     }
@@ -536,6 +623,10 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     float s[K] = {0.f, 0.f};
     if (valid) {
       if constexpr (S::LAYERNORM) shift = R.first_h();
+      // Chunk by chunk (stores between loads, see load_h): only a few rows
+      // an SM are in flight, and their registers decide how many (measured:
+      // loads batched four chunks at a time took twice the registers, half
+      // the CTAs an SM, and 1.3x the time).
 #pragma unroll 4
       for (int c = lane; c < L::CHUNKS; c += S::TPR) {
         const auto hv = R.load_h(c * S::VEC, EXACT, !measure);

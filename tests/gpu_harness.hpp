@@ -122,11 +122,26 @@ inline void compile_all(const std::vector<KernelSpec>& specs) {
                [&](int i) { compile_spec(todo[i], arch, suite_kernel_dir()); });
 }
 
-/// The kernels of every config of `op`'s candidate grid for `d` (and the
-/// backward's finalize kernel), for compile_all.
+/// `op`'s candidate grid for `d` and, forward, each config's staged variant
+/// (stages 1: the engine runs it where a launch's CTAs are all resident at
+/// once, see staged_for_launch; the grid holds unstaged configs only).
+inline std::vector<LaunchConfig> test_grid(Op op, const NormDesc& d, int max_cluster) {
+  std::vector<LaunchConfig> out = candidate_grid(op, d, max_cluster);
+  if (op != Op::Forward) return out;
+  const std::size_t n = out.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    LaunchConfig s = out[i];
+    s.stages = 1;
+    if (!s.two_pass && config_valid(op, d, s, nullptr, max_cluster)) out.push_back(s);
+  }
+  return out;
+}
+
+/// The kernels of every config of test_grid (and the backward's finalize
+/// kernel), for compile_all.
 inline std::vector<KernelSpec> grid_specs(Op op, const NormDesc& d, int max_cluster) {
   std::vector<KernelSpec> specs;
-  for (const auto& cfg : candidate_grid(op, d, max_cluster)) specs.push_back(make_spec(op, d, cfg));
+  for (const auto& cfg : test_grid(op, d, max_cluster)) specs.push_back(make_spec(op, d, cfg));
   if (op == Op::Backward) specs.push_back(finalize_spec(d));
   return specs;
 }

@@ -133,8 +133,16 @@ TEST_CASE("cli: bad command lines exit 2 with a message") {
 TEST_CASE("cli: compile fills the kernel cache; cache list counts it; cache clear empties it") {
   const Cli cli;
   const fs::path kernels = cli.cache_dir() / "kernels";
-  const long variants = static_cast<long>(candidate_grid(Op::Forward, make_desc(64, 128)).size());
+  // The grid's kernels, and the staged variants of the forward's.
+  long variants = 0, staged = 0;
+  for (LaunchConfig c : candidate_grid(Op::Forward, make_desc(64, 128))) {
+    ++variants;
+    c.stages = 1;
+    staged += config_valid(Op::Forward, make_desc(64, 128), c);
+  }
   REQUIRE(variants > 0);
+  CHECK(staged > 0);
+  variants += staged;
 
   const CliResult compiled = cli("compile --arch sm_90 --shape rms:bf16:64x128 --op fwd");
   CAPTURE(compiled.output);

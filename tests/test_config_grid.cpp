@@ -542,3 +542,65 @@ TEST_CASE("config_grid: a grid of one cluster (dw_cluster) for decode backward r
   CHECK(make_spec(Op::Backward, d, LaunchConfig::parse("v8.t1024.r1.s2")).source().find("DW_CLUSTER") ==
         std::string::npos);
 }
+
+TEST_CASE("config_grid: forward stages 1 stages the weight where that changes the kernel; launches whose CTAs are all resident run it") {
+  // LayerNorm 6560 in 512 threads: two chunks of weight and bias a thread
+  // (64 bytes), which the unstaged kernel loads one at a time after the
+  // reduction.
+  NormDesc ln = make_desc(147, 6560);
+  ln.norm = NormKind::LayerNorm;
+  ln.has_bias = true;
+  const detail::Variant lv = make_variant(Op::Forward, ln);
+  const LaunchConfig c = LaunchConfig::parse("v8.t512.r1");
+  LaunchConfig s = c;
+  s.stages = 1;
+  CHECK(s.str() == "v8.t512.r1.s1");
+  CHECK(LaunchConfig::parse("v8.t512.r1.s1") == s);
+  const WeightStaging u = weight_staging(lv, c, 6560, false), st = weight_staging(lv, s, 6560, false);
+  CHECK_FALSE(u.with_row);
+  CHECK(u.batch == 1);
+  CHECK(st.with_row);
+  CHECK(st.batch == 2);
+  CHECK(st.bytes == 64);
+  CHECK(forward_register_need(lv, s, 6560, false) > forward_register_need(lv, c, 6560, false));
+  CHECK(contains(make_spec(Op::Forward, ln, s).source(), "WB_WITH_ROW = true;\n  static constexpr int WB_BATCH = 2;"));
+  CHECK_FALSE(contains(make_spec(Op::Forward, ln, c).source(), "WB_"));  // unstaged sources are what they were
+  std::string why;
+  CHECK(config_valid(Op::Forward, ln, s, &why));
+  // Where the unstaged kernel already loads them with the row, stages 1 is the same kernel.
+  CHECK_FALSE(config_valid(Op::Forward, ln, LaunchConfig::parse("v8.t1024.r1.s1"), &why));
+  CHECK(contains(why, "already loads its weight and bias with the row"));
+  CHECK_FALSE(config_valid(Op::Forward, ln, LaunchConfig::parse("v8.t512.r1.s2"), &why));
+  CHECK(contains(why, "forward stages is 1"));
+  NormDesc q = make_desc(64, 4096);
+  q.quant = QuantScaling::Token;
+  q.y_dtype = DType::E4M3;
+  CHECK_FALSE(config_valid(Op::Forward, q, LaunchConfig::parse("v8.t128.r1.s1"), &why));
+  // The grid holds unstaged configs only.
+  for (const auto& g : candidate_grid(Op::Forward, ln)) CHECK(g.stages == 0);
+
+  // A staged batch never takes a thread past what its block allows.
+  for (const char* t : {"v8.t128.r1.s1", "v8.t256.r4.s1", "v4.t1024.r1.s1", "v8.t128.r8.s1"}) {
+    CAPTURE(t);
+    const LaunchConfig x = LaunchConfig::parse(t);
+    NormDesc r = make_desc(64, 7400);
+    r.residual = r.store_residual_out = true;
+    if (!config_valid(Op::Forward, r, x)) continue;
+    CHECK(forward_register_need(make_variant(Op::Forward, r), x, 7400, false) <= std::min(255, 65536 / x.threads()));
+  }
+
+  // 147 rows of 512 threads on 132 SMs: resident at once only if an SM
+  // holds two; 8192 rows never are.
+  const DeviceFacts f = test_facts();
+  const LaunchConfig run = staged_for_launch(Op::Forward, ln, c, f);
+  const int per_sm = std::min(4, 65536 / (512 * ((forward_register_need(lv, s, 6560, false) + 7) / 8 * 8)));
+  CHECK((run == s) == (147 <= 132 * per_sm));
+  NormDesc few = ln;
+  few.M = 100;
+  CHECK(staged_for_launch(Op::Forward, few, c, f) == s);
+  NormDesc many = ln;
+  many.M = 8192;
+  CHECK(staged_for_launch(Op::Forward, many, c, f) == c);
+  CHECK(staged_for_launch(Op::Backward, few, LaunchConfig::parse("v8.t512.r1"), f) == LaunchConfig::parse("v8.t512.r1"));
+  CHECK(staged_for_launch(Op::Forward, few, LaunchConfig::parse("v8.t1024.r1"), f) == LaunchConfig::parse("v8.t1024.r1"));
+}

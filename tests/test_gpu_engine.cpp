@@ -55,7 +55,7 @@ GPU_TEST_CASE("every autotune candidate matches the float64 reference") {
     rms_backward_reference(d, dy.host.data(), x.host.data(), w.host.data(),
                            reinterpret_cast<const float*>(rstd.host.data()), &dx_ref, &dw_ref);
     for (Op op : {Op::Forward, Op::Backward}) {
-      const auto grid = candidate_grid(op, d, dev.max_cluster);  // cluster configs too, where the GPU has them
+      const auto grid = test_grid(op, d, dev.max_cluster);  // cluster and staged configs too, where the GPU has them
       REQUIRE(!grid.empty());
       int ran = 0;
       for (const auto& cfg : grid) {

@@ -147,7 +147,7 @@ GPU_TEST_CASE("variants: every forward candidate of peeled rows (odd N) matches 
   std::vector<KernelSpec> specs;
   for (const NormDesc& d : {rms, ln, narrow, wide}) {
     std::vector<LaunchConfig> configs;
-    for (const auto& c : candidate_grid(Op::Forward, d, dev.max_cluster))
+    for (const auto& c : test_grid(Op::Forward, d, dev.max_cluster))
       if (peeled(Op::Forward, d, c.vec)) {
         configs.push_back(c);
         specs.push_back(make_spec(Op::Forward, d, c));
@@ -171,10 +171,12 @@ GPU_TEST_CASE("variants: every forward candidate of peeled rows (odd N) matches 
         CHECK(c.err <= c.tol);
       }
       paths.insert(cfg.cluster > 1 ? "cluster" : cfg.two_pass ? "two-pass" : cfg.rows_per_pid > 1 ? "rows" : "row");
+      if (cfg.stages) paths.insert("staged");
     }
   }
   // Every kernel path ran (clusters only where the device has them).
   CHECK(paths.count("row"));
+  CHECK(paths.count("staged"));
   CHECK(paths.count("rows"));
   CHECK(paths.count("two-pass"));
   if (dev.max_cluster > 1) CHECK(paths.count("cluster"));

@@ -331,6 +331,25 @@ TEST_CASE("nvrtc: a forward kernel is compiled to hold its min blocks an SM, and
     CHECK(min_blocks_problem(s, cubin).empty());
   }
   CHECK(cubin_resources("not an ELF file").regs == -1);
+
+  // Staged kernels (stages 1) hold their weight and bias in registers too:
+  // every staged variant of two grids stays within its bound, unspilled.
+  NormDesc res = make_desc(19, 7400);
+  res.residual = res.store_residual_out = true;
+  std::vector<KernelSpec> staged;
+  for (const NormDesc& d : {res, ln})
+    for (LaunchConfig c : candidate_grid(Op::Forward, d)) {
+      c.stages = 1;
+      if (config_valid(Op::Forward, d, c)) staged.push_back(make_spec(Op::Forward, d, c));
+    }
+  CHECK(staged.size() > 10);
+  std::vector<std::string> failures(staged.size());
+  parallel_for(static_cast<int>(staged.size()),
+               [&](int i) { failures[i] = min_blocks_problem(staged[i], compile_spec(staged[i], "sm_90", "").cubin); });
+  for (std::size_t i = 0; i < staged.size(); ++i) {
+    CAPTURE(staged[i].name());
+    CHECK(failures[i].empty());
+  }
 }
 
 TEST_CASE("nvrtc: binary_cache_key is stable and changes with arch, N, dtype and config") {

@@ -447,6 +447,13 @@ int cmd_explain(Engine& engine, const ShapeOptions& so, const std::string& devic
       fmt::print("{} {}\n  key:     {}\n  config:  {}\n  source:  {}\n  reason:  {}\n", op_label(op, s.desc.norm),
                  s.name, x.shape_key, x.config.str(), config_source_name(x.source), x.reason);
       if (!x.from_key.empty() && x.from_key != x.shape_key) fmt::print("  from:    {}\n", x.from_key);
+      if (offline) {
+        // What a launch of this M runs (the engine stages weights where all CTAs are resident at once).
+        const LaunchConfig run = staged_for_launch(op, s.desc, x.config, facts);
+        if (run != x.config)
+          fmt::print("  launch:  {} (weight and bias staged: every CTA of M = {} is resident at once)\n", run.str(),
+                     s.desc.M);
+      }
       if (!x.candidates.empty()) {
         fmt::print("  candidates of that entry (tuned times, us):\n");
         auto c = x.candidates;

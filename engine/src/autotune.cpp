@@ -262,6 +262,9 @@ class Tuner {
         const TuneOptions& o)
       : op_(op), d_(desc), dev_(dev), jit_(jit), progress_(progress), o_(o),
         grid_(candidate_grid(op, desc, dev.max_cluster)), kernels_(grid_.size()), state_(grid_.size()) {
+    // Each candidate is timed as a launch of this M runs it (its weight
+    // staged where the engine would stage it), and stored as the grid's config.
+    for (const auto& c : grid_) launch_.push_back(staged_for_launch(op, desc, c, dev.facts()));
     std::lock_guard<std::mutex> gpu(gpu_mutex());
     res_.shape_key = shape_key(op, desc);
     for (const auto& c : grid_) res_.candidates.push_back({c, -1, ""});
@@ -389,14 +392,14 @@ class Tuner {
     std::map<std::string, int> first;
     std::vector<int> unique;
     for (int i : todo)
-      if (first.emplace(make_spec(op_, d_, grid_[i]).name(), i).second) unique.push_back(i);
+      if (first.emplace(make_spec(op_, d_, launch_[i]).name(), i).second) unique.push_back(i);
     std::vector<std::string> errors(unique.size());
     binaries_.resize(grid_.size());
     parallel_for(static_cast<int>(unique.size()), [&](int t) {
       const int i = unique[t];
       compile_slots().acquire();
       try {
-        binaries_[i] = compile_spec(make_spec(op_, d_, grid_[i]), dev_.arch(), jit_.kernel_dir());
+        binaries_[i] = compile_spec(make_spec(op_, d_, launch_[i]), dev_.arch(), jit_.kernel_dir());
       } catch (const Error& e) {
         errors[t] = e.message();
       }
@@ -405,7 +408,7 @@ class Tuner {
     std::map<int, std::string> error_of;
     for (std::size_t t = 0; t < unique.size(); ++t) error_of[unique[t]] = errors[t];
     for (int i : todo) {
-      const int f = first.at(make_spec(op_, d_, grid_[i]).name());
+      const int f = first.at(make_spec(op_, d_, launch_[i]).name());
       if (!error_of[f].empty()) res_.candidates[i].rejected = error_of[f];
       else if (f != i) binaries_[i] = binaries_[f];
     }
@@ -417,7 +420,7 @@ class Tuner {
     if (ct.rejected.empty()) {
       try {
         const KernelBinary* bin = binaries_[i].cubin.empty() ? nullptr : &binaries_[i];
-        kernels_[i] = jit_.get(make_spec(op_, d_, grid_[i]), dev_.arch(), bin);
+        kernels_[i] = jit_.get(make_spec(op_, d_, launch_[i]), dev_.arch(), bin);
         const auto& k = *kernels_[i];
         if (k.local_bytes > 0)
           ct.rejected = fmt::format("spills: {} bytes of local memory per thread", k.local_bytes);
@@ -503,7 +506,7 @@ class Tuner {
 
   void check(int i) {
     auto& ct = res_.candidates[i];
-    const std::string name = make_spec(op_, d_, grid_[i]).name() + fmt::format(".p{}", grid_[i].programs_per_sm);
+    const std::string name = make_spec(op_, d_, launch_[i]).name() + fmt::format(".p{}", grid_[i].programs_per_sm);
     if (o_.checked && o_.checked->count(name)) return;
     if (i != ref_i_) {
       const auto got = outputs(i);
@@ -520,6 +523,7 @@ class Tuner {
   ProgressFn progress_;
   TuneOptions o_;
   std::vector<LaunchConfig> grid_;
+  std::vector<LaunchConfig> launch_;  // what a launch of d_.M runs of each (staged_for_launch)
   std::vector<KernelBinary> binaries_;
   std::vector<std::shared_ptr<const LoadedKernel>> kernels_;
   std::vector<State> state_;

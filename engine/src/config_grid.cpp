@@ -176,7 +176,24 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
     return no("dweight staging exceeds 32 KiB of shared memory");
   if (c.programs_per_sm < 0 || (op == Op::Forward && c.programs_per_sm != 0))
     return no("programs_per_sm is a backward launch parameter >= 0");
-  if (c.stages != 0) {
+  if (op == Op::Forward && c.stages != 0) {
+    // Forward stages 1: the weight and bias staged ahead of their stores
+    // (weight_staging), where that changes the kernel.
+    if (c.stages != 1 || c.two_pass || v.quant != QuantScaling::None || v.xgroup)
+      return no("forward stages is 1 (staged weight and bias) or 0, for rows kept in registers, not quantized nor FP8 in");
+    const bool peel = peeled(op, d, c.vec);
+    LaunchConfig unstaged = c;
+    unstaged.stages = 0;
+    if (weight_staging(v, unstaged, static_cast<int>(d.N), peel).with_row)
+      return no("the unstaged kernel already loads its weight and bias with the row");
+    // Staged rows issue all their loads first: a row whose registers pass
+    // what a thread of this block may hold would spill.
+    const int need = forward_register_need(v, c, static_cast<int>(d.N), peel);
+    const int cap = std::min(255, DeviceFacts{}.regs_per_sm / threads);
+    if (need > cap)
+      return no(fmt::format("the staged row needs {} registers a thread, over the {} a {}-thread block allows", need,
+                            cap, threads));
+  } else if (c.stages != 0) {
     // A two-pass row reads its slice from one stage; a one-pass row overlaps two or more.
     if (op != Op::Backward || c.stages < (c.two_pass ? 1 : 2))
       return no("stages are for the backward: >= 2 for one pass, >= 1 for two");

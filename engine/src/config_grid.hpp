@@ -94,6 +94,15 @@ struct DeviceFacts {
 /// member of the grid.
 LaunchConfig heuristic_config(Op op, const NormDesc& desc, const DeviceFacts& dev);
 
+/// The config a forward launch of `desc` runs: `cfg` with its weight and
+/// bias staged (stages 1, see weight_staging) when every CTA of the launch
+/// is resident at once even with the staged kernel's registers: then those
+/// registers cost no CTAs, and the staging saves memory round trips of a
+/// launch that waits on latency (decode, a few hundred rows). Else `cfg`.
+/// Applied after the config is resolved (tuned, shipped or the model's), so
+/// tuned entries and the grid hold unstaged configs only.
+LaunchConfig staged_for_launch(Op op, const NormDesc& desc, const LaunchConfig& cfg, const DeviceFacts& dev);
+
 /// A tensor of rows: its pointer (null: unused), dtype, and the element
 /// strides between its tokens (ld) and heads (hs; 0 for 2-D rows), so that
 /// row t * heads + h starts at element t * ld + h * hs.

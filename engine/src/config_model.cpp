@@ -157,6 +157,18 @@ std::size_t fastest_of(Op op, const NormDesc& d, const std::vector<LaunchConfig>
   return best;
 }
 
+LaunchConfig staged_for_launch(Op op, const NormDesc& d, const LaunchConfig& cfg, const DeviceFacts& dev) {
+  if (op != Op::Forward || cfg.stages != 0 || cfg.two_pass || d.M == 0) return cfg;
+  LaunchConfig s = cfg;
+  s.stages = 1;
+  if (!config_valid(op, d, s, nullptr, std::max(dev.max_cluster, cfg.cluster))) return cfg;
+  const int cl = s.row_split();
+  const double regs = forward_register_need(make_variant(op, d), s, static_cast<int>(d.N), peeled(op, d, s.vec));
+  const std::int64_t slots =
+      static_cast<std::int64_t>(std::max(1, dev.sm_count) / cl) * cl * resident_ctas(dev, s.threads(), regs, 0);
+  return ceil_div(d.M, s.rows_per_pid) * cl <= slots ? s : cfg;
+}
+
 LaunchConfig model_config(Op op, const NormDesc& d, const DeviceFacts& dev, const ModelParams& p) {
   const auto grid = candidate_grid(op, d, dev.max_cluster);
   if (grid.empty()) throw Error(ErrorKind::InvalidArgument, "no launch config exists", op_label(op, d.norm), d.str());

@@ -172,6 +172,7 @@ struct Engine::Impl {
     LaunchConfig cfg;
     std::string arch;
     int sm_count = 0;
+    DeviceFacts facts;
     ConfigSource source = ConfigSource::Heuristic;
   };
   Launch prepare(Op op, const NormDesc& d);
@@ -258,6 +259,7 @@ Engine::Impl::Launch Engine::Impl::prepare(Op op, const NormDesc& d) {
   l.cfg = resolve(st, op, d, &l.source);
   l.arch = st.info.arch();
   l.sm_count = st.info.sm_count;
+  l.facts = st.info.facts();
   return l;
 }
 
@@ -360,7 +362,7 @@ std::shared_ptr<const Plan> Engine::Impl::forward_plan(const NormDesc& d, const 
   auto p = std::make_shared<Plan>();
   try {
     const Launch l = begin_plan(*p, op, d);
-    p->config = fit_forward_alignment(l.cfg, d, u);
+    p->config = staged_for_launch(op, d, fit_forward_alignment(l.cfg, d, u), l.facts);
     p->kernel = jit.get(make_spec(op, d, p->config), l.arch);
     p->geometry = launch_geometry(op, d, p->config, l.sm_count, p->kernel->blocks_per_sm);
     p->resident = amax_grid(*p->kernel, p->geometry, l.sm_count);
@@ -501,8 +503,15 @@ int Engine::precompile(Op op, const NormDesc& d, const std::string& arch, std::v
   std::vector<KernelSpec> specs;
   std::set<std::string> seen;  // configs differing only in launch parameters share a cubin
   const int max_cluster = max_cluster_of_arch(std::atoi(arch.c_str() + 3));
-  for (const auto& c : candidate_grid(op, d, max_cluster))
-    if (KernelSpec s = make_spec(op, d, c); seen.insert(s.name()).second) specs.push_back(s);
+  for (const auto& c : candidate_grid(op, d, max_cluster)) {
+    LaunchConfig staged = c;
+    staged.stages = 1;
+    for (const LaunchConfig& k : {c, staged}) {
+      if (k.stages != c.stages && (op != Op::Forward || c.two_pass || !config_valid(op, d, k, nullptr, max_cluster)))
+        continue;
+      if (KernelSpec s = make_spec(op, d, k); seen.insert(s.name()).second) specs.push_back(s);
+    }
+  }
   if (op == Op::Backward) specs.push_back(finalize_spec(d));
   std::atomic<int> ok{0};
   std::mutex mu;

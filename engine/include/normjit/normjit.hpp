@@ -478,7 +478,9 @@ class Engine {
   ConfigExplanation explain(Op op, const NormDesc& desc, bool skip_exact = false);
 
   /// Compiles every candidate of `op`'s grid for `desc` for `arch` ("sm_90")
-  /// into the on-disk kernel cache; needs NVRTC but no GPU. Returns the number
+  /// into the on-disk kernel cache, and each forward candidate's staged
+  /// variant (LaunchConfig::stages 1, what launches of few rows run), so
+  /// that no launch compiles; needs NVRTC but no GPU. Returns the number
   /// of variants compiled or found; failures are reported through `failures`.
   int precompile(Op op, const NormDesc& desc, const std::string& arch,
                  std::vector<std::string>* failures = nullptr);
