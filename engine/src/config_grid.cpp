@@ -186,6 +186,11 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
     unstaged.stages = 0;
     if (weight_staging(v, unstaged, static_cast<int>(d.N), peel).with_row)
       return no("the unstaged kernel already loads its weight and bias with the row");
+    // Without a residual, staging one chunk's weight at a time after the
+    // reduction is what the unstaged kernel does.
+    const WeightStaging st = weight_staging(v, c, static_cast<int>(d.N), peel);
+    if (!st.with_row && st.batch == 1 && !v.residual)
+      return no("a thread's registers leave room to stage no more than the unstaged kernel does");
     // Staged rows issue all their loads first: a row whose registers pass
     // what a thread of this block may hold would spill.
     const int need = forward_register_need(v, c, static_cast<int>(d.N), peel);
