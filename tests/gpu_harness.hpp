@@ -129,11 +129,8 @@ inline std::vector<LaunchConfig> test_grid(Op op, const NormDesc& d, int max_clu
   std::vector<LaunchConfig> out = candidate_grid(op, d, max_cluster);
   if (op != Op::Forward) return out;
   const std::size_t n = out.size();
-  for (std::size_t i = 0; i < n; ++i) {
-    LaunchConfig s = out[i];
-    s.stages = 1;
-    if (!s.two_pass && config_valid(op, d, s, nullptr, max_cluster)) out.push_back(s);
-  }
+  for (std::size_t i = 0; i < n; ++i)
+    if (const auto s = staged_variant(op, d, out[i], max_cluster)) out.push_back(*s);
   return out;
 }
 

@@ -567,6 +567,8 @@ TEST_CASE("config_grid: forward stages 1 stages the weight where that changes th
   CHECK_FALSE(contains(make_spec(Op::Forward, ln, c).source(), "WB_"));  // unstaged sources are what they were
   std::string why;
   CHECK(config_valid(Op::Forward, ln, s, &why));
+  CHECK(staged_variant(Op::Forward, ln, c) == s);
+  CHECK_FALSE(staged_variant(Op::Forward, ln, LaunchConfig::parse("v8.t1024.r1")).has_value());
   // Where the unstaged kernel already loads them with the row, stages 1 is the same kernel.
   CHECK_FALSE(config_valid(Op::Forward, ln, LaunchConfig::parse("v8.t1024.r1.s1"), &why));
   CHECK(contains(why, "already loads its weight and bias with the row"));

@@ -338,10 +338,8 @@ TEST_CASE("nvrtc: a forward kernel is compiled to hold its min blocks an SM, and
   res.residual = res.store_residual_out = true;
   std::vector<KernelSpec> staged;
   for (const NormDesc& d : {res, ln})
-    for (LaunchConfig c : candidate_grid(Op::Forward, d)) {
-      c.stages = 1;
-      if (config_valid(Op::Forward, d, c)) staged.push_back(make_spec(Op::Forward, d, c));
-    }
+    for (const LaunchConfig& c : candidate_grid(Op::Forward, d))
+      if (const auto s = staged_variant(Op::Forward, d, c)) staged.push_back(make_spec(Op::Forward, d, *s));
   CHECK(staged.size() > 10);
   std::vector<std::string> failures(staged.size());
   parallel_for(static_cast<int>(staged.size()),

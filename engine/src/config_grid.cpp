@@ -194,7 +194,7 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
     // Staged rows issue all their loads first: a row whose registers pass
     // what a thread of this block may hold would spill.
     const int need = forward_register_need(v, c, static_cast<int>(d.N), peel);
-    const int cap = std::min(255, DeviceFacts{}.regs_per_sm / threads);
+    const int cap = thread_register_cap(threads);
     if (need > cap)
       return no(fmt::format("the staged row needs {} registers a thread, over the {} a {}-thread block allows", need,
                             cap, threads));
@@ -210,6 +210,14 @@ bool config_valid(Op op, const NormDesc& d, const LaunchConfig& c, std::string* 
       return no("stages exceed the shared-memory budget");
   }
   return true;
+}
+
+std::optional<LaunchConfig> staged_variant(Op op, const NormDesc& d, const LaunchConfig& cfg, int max_cluster) {
+  if (op != Op::Forward || cfg.stages != 0 || cfg.two_pass) return std::nullopt;
+  LaunchConfig s = cfg;
+  s.stages = 1;
+  if (!config_valid(op, d, s, nullptr, max_cluster)) return std::nullopt;
+  return s;
 }
 
 std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& d, int max_cluster) {

@@ -3,8 +3,8 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "normjit/normjit.hpp"
@@ -93,6 +93,12 @@ struct DeviceFacts {
 /// tuned one exists, derived from the device's facts and the shape; always a
 /// member of the grid.
 LaunchConfig heuristic_config(Op op, const NormDesc& desc, const DeviceFacts& dev);
+
+/// `cfg` with its weight and bias staged (forward stages 1), where that is a
+/// valid config of `desc` (config_valid: rows kept in registers, a kernel
+/// that staging changes, registers that fit); else nullopt.
+std::optional<LaunchConfig> staged_variant(Op op, const NormDesc& desc, const LaunchConfig& cfg,
+                                           int max_cluster = kMaxCluster);
 
 /// The config a forward launch of `desc` runs: `cfg` with its weight and
 /// bias staged (stages 1, see weight_staging) when every CTA of the launch

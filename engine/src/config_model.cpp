@@ -158,10 +158,9 @@ std::size_t fastest_of(Op op, const NormDesc& d, const std::vector<LaunchConfig>
 }
 
 LaunchConfig staged_for_launch(Op op, const NormDesc& d, const LaunchConfig& cfg, const DeviceFacts& dev) {
-  if (op != Op::Forward || cfg.stages != 0 || cfg.two_pass || d.M == 0) return cfg;
-  LaunchConfig s = cfg;
-  s.stages = 1;
-  if (!config_valid(op, d, s, nullptr, std::max(dev.max_cluster, cfg.cluster))) return cfg;
+  const auto staged = d.M > 0 ? staged_variant(op, d, cfg, std::max(dev.max_cluster, cfg.cluster)) : std::nullopt;
+  if (!staged) return cfg;
+  const LaunchConfig& s = *staged;
   const int cl = s.row_split();
   const double regs = forward_register_need(make_variant(op, d), s, static_cast<int>(d.N), peeled(op, d, s.vec));
   const std::int64_t slots =

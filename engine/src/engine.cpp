@@ -503,14 +503,12 @@ int Engine::precompile(Op op, const NormDesc& d, const std::string& arch, std::v
   std::vector<KernelSpec> specs;
   std::set<std::string> seen;  // configs differing only in launch parameters share a cubin
   const int max_cluster = max_cluster_of_arch(std::atoi(arch.c_str() + 3));
+  auto add = [&](const LaunchConfig& c) {
+    if (KernelSpec s = make_spec(op, d, c); seen.insert(s.name()).second) specs.push_back(s);
+  };
   for (const auto& c : candidate_grid(op, d, max_cluster)) {
-    LaunchConfig staged = c;
-    staged.stages = 1;
-    for (const LaunchConfig& k : {c, staged}) {
-      if (k.stages != c.stages && (op != Op::Forward || c.two_pass || !config_valid(op, d, k, nullptr, max_cluster)))
-        continue;
-      if (KernelSpec s = make_spec(op, d, k); seen.insert(s.name()).second) specs.push_back(s);
-    }
+    add(c);
+    if (const auto staged = staged_variant(op, d, c, max_cluster)) add(*staged);
   }
   if (op == Op::Backward) specs.push_back(finalize_spec(d));
   std::atomic<int> ok{0};

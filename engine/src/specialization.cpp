@@ -207,7 +207,7 @@ int row_register_need(const Variant& v, const LaunchConfig& c, int N, bool peel)
 // 1): none for one 8-element chunk, else one an element past the first 12
 // (ptxas widens them to fp32 ahead of use; 4 at least), 8 more past 32
 // elements, and 8 with a residual. Fitted to the lowest
-// register caps at which ptxas spilled nothing over the staged kernels of 10
+// register caps at which ptxas spilled nothing over the staged kernels of 16
 // shapes' grids; tests/test_nvrtc_compile.cpp checks the caps
 // forward_min_blocks sets.
 int staged_registers(const Variant& v, int bytes) {
@@ -216,6 +216,8 @@ int staged_registers(const Variant& v, int bytes) {
   return std::max(4, elems - 12) + (elems > 32 ? 8 : 0) + (v.residual ? 8 : 0);
 }
 }  // namespace
+
+int thread_register_cap(int threads) { return std::min(255, DeviceFacts{}.regs_per_sm / threads); }
 
 WeightStaging weight_staging(const Variant& v, const LaunchConfig& c, int N, bool peel) {
   WeightStaging s;
@@ -235,7 +237,7 @@ WeightStaging weight_staging(const Variant& v, const LaunchConfig& c, int N, boo
   } else {
     // Staged: the largest batch within kWeightStagingBytes whose registers
     // still fit a thread of this block (65536 a CTA, 255 a thread).
-    const int cap = std::min(255, DeviceFacts{}.regs_per_sm / c.threads());
+    const int cap = thread_register_cap(c.threads());
     const int base = row_register_need(v, c, N, peel);
     int b = std::min(iters, std::max(1, kWeightStagingBytes / per_chunk));
     while (b > 1 && base + staged_registers(v, b * per_chunk) > cap) --b;

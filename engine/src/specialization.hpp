@@ -124,6 +124,8 @@ WeightStaging weight_staging(const Variant& v, const LaunchConfig& cfg, int N, b
 /// two-pass kernels: 1 (ptxas chooses). The register file (65536) and the 2048
 /// threads and 32 CTAs an SM are those of sm_80 and sm_90.
 int forward_register_need(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
+/// Registers a thread of a `threads`-thread block may hold: 65536 a CTA, 255 a thread.
+int thread_register_cap(int threads);
 int forward_min_blocks(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
 
 /// The spec of `op` for `desc` under `cfg`.
