@@ -10,6 +10,7 @@
 #include "autotune.hpp"
 #include "config_grid.hpp"
 #include "gpu_harness.hpp"
+#include "kernel_clock.hpp"
 #include "normjit/normjit.h"
 #include "ops.hpp"
 #include "test_util.hpp"
@@ -253,4 +254,30 @@ GPU_TEST_CASE("C ABI: NORMJIT_BUILTIN_CACHES=0 holds with options given, as with
   // pruning dropped it as no faster than the model, to the model.
   const std::int32_t with = source_with("1");
   CHECK((with == NORMJIT_SOURCE_SHIPPED_CACHE || with == NORMJIT_SOURCE_HEURISTIC));
+}
+
+GPU_TEST_CASE("the kernel clock records each copy and kernel of a region, and no memset") {
+  KernelClock* clock = KernelClock::get();
+  if (!clock) {
+    MESSAGE("skipped: CUPTI unavailable (" << KernelClock::unavailable_reason() << "); timing falls back to events");
+    return;
+  }
+  const DeviceInfo dev = device_info(current_device());
+  DeviceBuffer a(1 << 20), b(1 << 20);
+  const DeviceBuffer flush = make_flush_buffer(dev);
+  NJ_CU(cuCtxSynchronize());
+  clock->begin();
+  for (int i = 0; i < 3; ++i) {
+    NJ_CU(cuMemsetD32Async(flush.get(), i, flush.bytes() / 4, nullptr));  // not recorded
+    NJ_CU(cuMemcpyDtoDAsync(b.get(), a.get(), a.bytes(), nullptr));
+  }
+  NJ_CU(cuCtxSynchronize());
+  const auto acts = clock->end();
+  REQUIRE(acts.size() == 3);
+  for (std::size_t i = 0; i < acts.size(); ++i) {
+    CHECK(acts[i].end > acts[i].start);
+    if (i) CHECK(acts[i].start >= acts[i - 1].end);  // in stream order
+  }
+  // median_us sums each repetition's activities: a positive time.
+  CHECK(median_us([&](CUstream st) { NJ_CU(cuMemcpyDtoDAsync(b.get(), a.get(), a.bytes(), st)); }, flush, 10) > 0);
 }

@@ -6,8 +6,16 @@
 // (rejected there) counts 2. Prints the fit per op and GPU, and with
 // --write replaces the fitted-params block of config_model.cpp.
 //
-//   normjit_fit_model autotune_cache/model/*.json
-//   normjit_fit_model --write engine/src/config_model.cpp --iters 3000 autotune_cache/model/*.json
+// Two kinds of files: the positional ones were timed with every config
+// launched as it is (before staged kernels existed): they fit the
+// constants `v`, every config priced by them. --launched files were timed
+// with each config launched as the engine launches it (staged where
+// staged_for_launch stages it), kernel durations read with CUPTI: they fit
+// the forward's one-wave constants, `v` held.
+//
+//   normjit_fit_model autotune_cache/model/*.json --launched autotune_cache/model/launched/*.json
+//   normjit_fit_model --write engine/src/config_model.cpp --iters 3000 autotune_cache/model/*.json \
+//     --launched autotune_cache/model/launched/*.json
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -38,7 +46,17 @@ struct Row {
   DeviceFacts dev;
   std::vector<LaunchConfig> grid;
   std::vector<double> ratio;  // per config of `grid` (the timed ones): its time / the fastest
+  bool as_launched = false;   // timed as launches run each config (staged where they stage)
 };
+
+// The constants a row is priced with: rows timed unstaged price one-wave
+// launches with `v` too, as their kernels ran (unstaged).
+ModelParams params_for(const Row& r, const ModelParams& p) {
+  if (r.as_launched) return p;
+  ModelParams q = p;
+  q.one_wave = q.v;
+  return q;
+}
 
 // The facts of a GPU by name: the tuned-cache file of that device (shipped).
 DeviceFacts facts_by_name(const std::string& gpu, const std::string& shipped_dir) {
@@ -47,7 +65,7 @@ DeviceFacts facts_by_name(const std::string& gpu, const std::string& shipped_dir
   throw std::runtime_error(fmt::format("no tuned-cache file in {} for the GPU '{}'", shipped_dir, gpu));
 }
 
-std::vector<Row> load(const std::vector<std::string>& files, const std::string& shipped_dir) {
+std::vector<Row> load(const std::vector<std::string>& files, const std::string& shipped_dir, bool as_launched) {
   std::vector<Row> rows;
   int stale = 0;
   for (const auto& path : files) {
@@ -60,6 +78,7 @@ std::vector<Row> load(const std::vector<std::string>& files, const std::string& 
       if (!r.contains("all") || r["all"].size() < 2) continue;
       Row row;
       row.gpu = gpu;
+      row.as_launched = as_launched;
       row.shape = r.at("draw").at("shape").get<std::string>();
       row.op = r["draw"]["op"].get<std::string>() == "fwd" ? Op::Forward : Op::Backward;
       row.desc = parse_shape_spec(row.shape).desc;
@@ -94,7 +113,9 @@ std::vector<Row> load(const std::vector<std::string>& files, const std::string& 
   return rows;
 }
 
-double pick_ratio(const Row& r, const ModelParams& p) { return r.ratio[fastest_of(r.op, r.desc, r.grid, r.dev, p)]; }
+double pick_ratio(const Row& r, const ModelParams& p) {
+  return r.ratio[fastest_of(r.op, r.desc, r.grid, r.dev, params_for(r, p))];
+}
 
 double objective(const std::vector<const Row*>& rows, const ModelParams& p) {
   double s = 0;
@@ -110,7 +131,7 @@ double report(const std::vector<const Row*>& rows, const ModelParams& p, const s
     by_gpu[r->gpu].push_back(x);
     if (each && x > 1.05)
       fmt::print("  {} {} {}: model {} {:.3f}\n", r->gpu, r->op == Op::Forward ? "fwd" : "bwd", r->shape,
-                 model_config(r->op, r->desc, r->dev, p).str(), x);
+                 r->grid[fastest_of(r->op, r->desc, r->grid, r->dev, params_for(*r, p))].str(), x);
   }
   double worst = 0;
   for (auto& [gpu, v] : by_gpu) {
@@ -129,7 +150,8 @@ double report(const std::vector<const Row*>& rows, const ModelParams& p, const s
 // Coordinate descent over the constants (each scaled by a few factors, the
 // best kept), then random perturbations of the best, for `iters` objective
 // evaluations in all.
-ModelParams fit(Op op, const std::vector<const Row*>& rows, ModelParams p, int iters, unsigned seed) {
+ModelParams fit(Op op, const std::vector<const Row*>& rows, ModelParams p, bool one_wave, int iters, unsigned seed) {
+  auto arr = [&](ModelParams& m) -> std::array<double, ModelParams::kCount>& { return one_wave ? m.one_wave : m.v; };
   std::mt19937 rng(seed);
   std::normal_distribution<double> step(0.0, 0.6);
   auto clamp = [&](int i, double x) {
@@ -151,8 +173,8 @@ ModelParams fit(Op op, const std::vector<const Row*>& rows, ModelParams p, int i
     for (int i = 0; i < ModelParams::kCount && evals < iters; ++i)
       for (double f : {0.25, 0.5, 0.8, 1.25, 2.0, 4.0}) {
         ModelParams q = p;
-        q.v[i] = clamp(i, q.v[i] * f);
-        if (q.v[i] == p.v[i]) continue;
+        arr(q)[i] = clamp(i, arr(q)[i] * f);
+        if (arr(q)[i] == arr(p)[i]) continue;
         const double s = objective(rows, q);
         ++evals;
         if (s < best - 1e-12) {
@@ -165,7 +187,7 @@ ModelParams fit(Op op, const std::vector<const Row*>& rows, ModelParams p, int i
       for (int t = 0; t < 40 && evals < iters; ++t) {
         ModelParams q = p;
         for (int i = 0; i < ModelParams::kCount; ++i)
-          if (rng() % 3 == 0) q.v[i] = clamp(i, q.v[i] * std::exp(step(rng)));
+          if (rng() % 3 == 0) arr(q)[i] = clamp(i, arr(q)[i] * std::exp(step(rng)));
         const double s = objective(rows, q);
         ++evals;
         if (s < best - 1e-12) {
@@ -178,27 +200,38 @@ ModelParams fit(Op op, const std::vector<const Row*>& rows, ModelParams p, int i
   return p;
 }
 
-std::string params_line(const char* var, const ModelParams& p) {
-  std::string s = fmt::format("  static const ModelParams {}{{{{", var);
-  for (int i = 0; i < ModelParams::kCount; ++i) s += fmt::format("{}{:.4g}", i ? ", " : "", p.v[i]);
-  return s + "}};\n";
+std::string params_line(const char* var, const ModelParams& p, bool one_wave) {
+  auto list = [](const std::array<double, ModelParams::kCount>& a) {
+    std::string s = "{";
+    for (int i = 0; i < ModelParams::kCount; ++i) s += fmt::format("{}{:.4g}", i ? ", " : "", a[i]);
+    return s + "}";
+  };
+  return fmt::format("  static const ModelParams {}{{{}{}}};\n", var, list(p.v), one_wave ? ", " + list(p.one_wave) : "");
+}
+
+std::string names_of(const std::array<double, ModelParams::kCount>& a) {
+  std::string names;
+  for (int i = 0; i < ModelParams::kCount; ++i) names += fmt::format("{}{}={:.4g}", i ? " " : "", ModelParams::name(i), a[i]);
+  return names;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Fit the config model's constants to full-grid timings (tools/heldout.py run output)"};
-  std::vector<std::string> files;
+  std::vector<std::string> files, launched_files;
   std::string write_path, shipped = NORMJIT_SHIPPED_CACHE_DIR;
   int iters = 0;
   unsigned seed = 1;
   bool each = false;
   double max_geomean = 0;
-  std::vector<double> start_fwd, start_bwd;
+  std::vector<double> start_fwd, start_bwd, start_one_wave;
   std::vector<std::string> show;
   app.add_option("--show", show, "Shapes (as in the files, e.g. rms:bf16:4096x65536) whose every candidate to print: "
                                  "predicted and measured time, fastest measured first");
-  app.add_option("files", files, "heldout.py run JSON files (rows with every candidate's time)")->required()->check(CLI::ExistingFile);
+  app.add_option("files", files, "heldout.py run JSON files (rows with every candidate's time), timed unstaged")->check(CLI::ExistingFile);
+  app.add_option("--launched", launched_files, "heldout.py run JSON files timed as launches run each config (staged where "
+                                             "they stage): they fit the forward's one-wave constants")->check(CLI::ExistingFile);
   app.add_option("--iters", iters, "Random-search steps per op (0: only report the current constants)");
   app.add_option("--seed", seed, "Random seed of the search");
   app.add_option("--write", write_path, "Replace the fitted-params block of this config_model.cpp")->check(CLI::ExistingFile);
@@ -208,39 +241,46 @@ int main(int argc, char** argv) {
                  "Exit 1 when the model's geometric mean over the fastest, of an op on a GPU, exceeds this");
   app.add_option("--start-fwd", start_fwd, "Constants to start the forward's search from (ModelParams order)")->delimiter(',')->expected(ModelParams::kCount);
   app.add_option("--start-bwd", start_bwd, "Constants to start the backward's search from")->delimiter(',')->expected(ModelParams::kCount);
+  app.add_option("--start-one-wave", start_one_wave, "Constants to start the forward's one-wave search from")->delimiter(',')->expected(ModelParams::kCount);
   CLI11_PARSE(app, argc, argv);
   try {
-    const std::vector<Row> rows = load(files, shipped);
+    std::vector<Row> rows = load(files, shipped, false);
+    for (auto& r : load(launched_files, shipped, true)) rows.push_back(std::move(r));
+    if (rows.empty()) throw std::runtime_error("no rows: give files, --launched files or both");
     bool failed = false;
     ModelParams fitted[2] = {fitted_params(Op::Forward), fitted_params(Op::Backward)};
     for (int i = 0; i < ModelParams::kCount; ++i) {
       if (!start_fwd.empty()) fitted[0].v[i] = start_fwd[i];
       if (!start_bwd.empty()) fitted[1].v[i] = start_bwd[i];
+      if (!start_one_wave.empty()) fitted[0].one_wave[i] = start_one_wave[i];
     }
     for (Op op : {Op::Forward, Op::Backward}) {
-      std::vector<const Row*> sel;
-      for (const auto& r : rows)
-        if (r.op == op) sel.push_back(&r);
       const char* label = op == Op::Forward ? "fwd" : "bwd";
       ModelParams& p = fitted[op == Op::Forward ? 0 : 1];
-      const double worst = report(sel, p, fmt::format("{} (current)", label), each && iters == 0);
-      if (max_geomean > 0 && worst > max_geomean) {
-        fmt::print("{}: the model's geometric mean {:.3f} exceeds --max-geomean {}\n", label, worst, max_geomean);
-        failed = true;
-      }
-      if (iters > 0 && !sel.empty()) {
-        p = fit(op, sel, p, iters, seed);
-        report(sel, p, fmt::format("{} (fitted)", label), each);
-        std::string names;
-        for (int i = 0; i < ModelParams::kCount; ++i)
-          names += fmt::format("{}{}={:.4g}", i ? " " : "", ModelParams::name(i), p.v[i]);
-        fmt::print("{} constants: {}\n", label, names);
+      // Every row fits v; as-launched rows the forward's one-wave constants.
+      for (bool staged : {false, true}) {
+        if (staged && op != Op::Forward) continue;
+        std::vector<const Row*> sel;
+        for (const auto& r : rows)
+          if (r.op == op && (r.as_launched || !staged)) sel.push_back(&r);
+        if (sel.empty()) continue;
+        const std::string what = fmt::format("{}{}", label, staged ? " as launched" : " all rows");
+        const double worst = report(sel, p, what + " (current)", each && iters == 0);
+        if (max_geomean > 0 && worst > max_geomean) {
+          fmt::print("{}: the model's geometric mean {:.3f} exceeds --max-geomean {}\n", what, worst, max_geomean);
+          failed = true;
+        }
+        if (iters > 0) {
+          p = fit(op, sel, p, staged, iters, seed);
+          report(sel, p, what + " (fitted)", each);
+          fmt::print("{} constants: {}\n", what, names_of(staged ? p.one_wave : p.v));
+        }
       }
     }
     for (const auto& r : rows) {
       if (std::find(show.begin(), show.end(), r.shape) == show.end()) continue;
       const ModelParams& p = fitted[r.op == Op::Forward ? 0 : 1];
-      const std::size_t pick = fastest_of(r.op, r.desc, r.grid, r.dev, p);
+      const std::size_t pick = fastest_of(r.op, r.desc, r.grid, r.dev, params_for(r, p));
       std::vector<std::size_t> order(r.grid.size());
       for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
       std::sort(order.begin(), order.end(), [&](auto a, auto b) { return r.ratio[a] < r.ratio[b]; });
@@ -248,7 +288,7 @@ int main(int argc, char** argv) {
                  r.op == Op::Forward ? "fwd" : "bwd", r.shape);
       for (std::size_t i : order)
         fmt::print("  {:1}{:22} {:6.3f} {:9.2f}\n", i == pick ? "*" : "", r.grid[i].str(), r.ratio[i],
-                   predicted_ns(r.op, r.desc, r.grid[i], r.dev, p) / 1000);
+                   predicted_ns(r.op, r.desc, r.grid[i], r.dev, params_for(r, p)) / 1000);
     }
     if (!write_path.empty()) {
       std::ifstream in(write_path);
@@ -259,7 +299,7 @@ int main(int argc, char** argv) {
       const auto a = s.find(begin), b = s.find(end);
       if (a == std::string::npos || b == std::string::npos || b < a)
         throw std::runtime_error(write_path + " has no fitted-params block");
-      s = s.substr(0, a + begin.size()) + params_line("fwd", fitted[0]) + params_line("bwd", fitted[1]) + s.substr(b);
+      s = s.substr(0, a + begin.size()) + params_line("fwd", fitted[0], true) + params_line("bwd", fitted[1], false) + s.substr(b);
       const std::string tmp = write_path + ".tmp";
       std::ofstream(tmp) << s;
       std::rename(tmp.c_str(), write_path.c_str());

@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autotune.hpp"
+#include "kernel_clock.hpp"
 #include "cache_migrate.hpp"
 #include "config_model.hpp"
 #include "config_grid.hpp"
@@ -289,7 +290,7 @@ int cmd_tune(Engine& engine, const ShapeOptions& so, bool vs_untuned, const std:
              failed, engine.cache_dir());
   if (!json_path.empty()) {
     const DeviceInfo dev = device_info(current_device());
-    nlohmann::json j = {{"gpu", dev.name}, {"sm_count", dev.sm_count}, {"rows", rows}};
+    nlohmann::json j = {{"gpu", dev.name}, {"sm_count", dev.sm_count}, {"timing", timing_method()}, {"rows", rows}};
     std::ofstream(json_path) << j.dump(1) << "\n";
     fmt::print("wrote {}\n", json_path);
   }
@@ -529,8 +530,9 @@ int cmd_bench(Engine& engine, const ShapeOptions& so, const std::string& json_pa
     for (Op op : w.ops) rows.push_back(bench_one(engine, flush, op, w.shape, reps, check));
   int driver = 0;
   cu().cuDriverGetVersion(&driver);
-  fmt::print("\nGPU: {} ({}, {} SMs, L2 {} MiB), driver {}, NVRTC {}; median of {} runs, L2 flushed before each\n",
-             dev.name, dev.arch(), dev.sm_count, dev.l2_bytes >> 20, driver, nvrtc().version, reps);
+  fmt::print("\nGPU: {} ({}, {} SMs, L2 {} MiB), driver {}, NVRTC {}; median of {} runs, L2 flushed before each; "
+             "timing: {}\n",
+             dev.name, dev.arch(), dev.sm_count, dev.l2_bytes >> 20, driver, nvrtc().version, reps, timing_method());
   fmt::print("SOL% = time of a device copy moving the same bytes / kernel time\n\n");
   fmt::print("{:<7} {:<16} {:<32} {:<15} {:<13} {:>10} {:>9} {:>9} {:>6} {:>9} {}\n", "op", "name", "shape", "config",
              "from", "bytes", "us", "GB/s", "SOL%", "copy us", check ? "check (rel err / tol)" : "");
@@ -549,6 +551,7 @@ int cmd_bench(Engine& engine, const ShapeOptions& so, const std::string& json_pa
     j["nvrtc_version"] = nvrtc().version;
     j["engine_version"] = NORMJIT_VERSION_STRING;
     j["reps"] = reps;
+    j["timing"] = timing_method();
     for (const auto& r : rows)
       j["rows"].push_back({{"op", r.op}, {"name", r.name}, {"shape", r.shape}, {"config", r.config},
                            {"config_source", r.source}, {"bytes", r.bytes}, {"us", r.us}, {"gbps", r.gbps},
@@ -661,6 +664,7 @@ int cmd_doctor(Engine& engine) {
       fmt::print("  [{}] {} ({}, {} SMs, L2 {} MiB); tuned-cache file {}.json\n", i, d.name, d.arch(), d.sm_count,
                  d.l2_bytes >> 20, fp.slug());
     }
+    fmt::print("timing (tune, bench): {}\n", timing_method());
   } else {
     ok = false;
     fmt::print("driver/GPU: MISSING: {}\n", why);

@@ -19,8 +19,11 @@
 namespace normjit::detail {
 
 /// Timing method (one place): `warmup` untimed runs, then per repetition an
-/// L2 flush (a memset of `flush`, at least twice the L2), event record,
-/// fn(stream), event record; the median of `reps` (>= 10) in microseconds.
+/// L2 flush (a memset of `flush`, at least twice the L2) and fn(stream); the
+/// median over `reps` (>= 10) of the summed GPU durations of the kernels and
+/// copies fn launched, read from CUPTI (kernel_clock.hpp: as profilers
+/// report kernel time), in microseconds. Without CUPTI: event records around
+/// fn(stream) (which add the launch: about 3 us at decode).
 double median_us(const std::function<void(CUstream)>& fn, const DeviceBuffer& flush, int reps = 25,
                  int warmup = 3, CUstream stream = nullptr);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "specialization.hpp"
 
@@ -25,7 +26,7 @@ enum : int {
   kBwEff,     // share of the memory bandwidth a streaming kernel draws
   kTwoPass,   // fwd: a second pass's latency (from L2) as a share of L0; bwd: the finalize launch (ns)
   kRows,      // per doubling of the rows a program handles at once (bwd: dweight staging)
-  kVec16,     // extra share of Lk a 16-byte vector load costs over a narrower one
+  kVec16,     // extra share of Lk a 16-byte vector load costs over a narrower one (fwd one wave: ns)
   kClLog,     // per doubling of the cluster size, on top of Lcl
   kSmBw,      // bytes an SM moves per clock at most (its own limit when few SMs share DRAM)
   kAdd,       // share of the shorter of latency and transfer time not hidden by the other
@@ -63,9 +64,35 @@ double predicted_ns(Op op, const NormDesc& d, const LaunchConfig& c, const Devic
   return predicted_ns(op, d, make_variant(op, d), c, dev, mp);
 }
 
-double predicted_ns(Op op, const NormDesc& d, const Variant& v, const LaunchConfig& c, const DeviceFacts& dev,
+namespace {
+// Does a forward launch of `d` under `c` hold every CTA resident at once
+// (one wave: decode rows), with the registers of c's kernel? `v` is d's
+// variant.
+bool one_wave(Op op, const NormDesc& d, const Variant& v, const LaunchConfig& c, const DeviceFacts& dev) {
+  const int cl = c.row_split();
+  const double regs = forward_register_need(v, c, static_cast<int>(d.N), peeled(op, d, c.vec));
+  const std::int64_t slots =
+      static_cast<std::int64_t>(std::max(1, dev.sm_count) / cl) * cl * resident_ctas(dev, c.threads(), regs, 0);
+  return ceil_div(d.M, c.rows_per_pid) * cl <= slots;
+}
+
+// The staged variant of `c` where a launch of `d` runs it (it exists and
+// its launch is one wave), else nothing.
+std::optional<LaunchConfig> staged_launch(Op op, const NormDesc& d, const Variant& v, const LaunchConfig& c,
+                                          const DeviceFacts& dev) {
+  const auto s = d.M > 0 ? staged_variant(op, d, c, std::max(dev.max_cluster, c.cluster)) : std::nullopt;
+  return s && one_wave(op, d, v, *s, dev) ? s : std::nullopt;
+}
+}  // namespace
+
+double predicted_ns(Op op, const NormDesc& d, const Variant& v, const LaunchConfig& cfg, const DeviceFacts& dev,
                     const ModelParams& mp) {
-  const auto& p = mp.v;
+  // A forward config is priced as the kernel its launch runs (staged or
+  // not), and a launch of one wave with the one-wave constants.
+  const auto staged = op == Op::Forward ? staged_launch(op, d, v, cfg, dev) : std::nullopt;
+  const LaunchConfig& c = staged ? *staged : cfg;
+  const bool wave = op == Op::Forward && d.M > 0 && one_wave(op, d, v, c, dev);
+  const auto& p = wave ? mp.one_wave : mp.v;
   const int sms = std::max(1, dev.sm_count);
   const double bw = dev.memory_gbps * p[kBwEff];        // bytes per ns, all SMs
   const double sm_bw = p[kSmBw] * dev.sm_clock_ghz;     // bytes per ns, one SM
@@ -87,7 +114,12 @@ double predicted_ns(Op op, const NormDesc& d, const Variant& v, const LaunchConf
                      (cl > 1 ? p[kLcl] + p[kClLog] * std::log2(cl) : 0);
   const double needed = static_cast<double>(ceil_div(d.M, c.rows_per_pid));
   const int vec_bytes = c.vec * dtype_size(op == Op::Forward ? v.x : v.y);
-  const double lk = p[kLk] * (1 + (vec_bytes >= 16 ? p[kVec16] : 0));
+  // A 16-byte vector costs a share more of each load in a chain; in a
+  // one-wave forward launch, a fixed time (ns) instead (measured at decode,
+  // kernel durations: 8-byte vectors 0.3-0.7 us faster at most widths).
+  const bool wide = vec_bytes >= 16;
+  const double lk = p[kLk] * (1 + (wide && !wave ? p[kVec16] : 0));
+  const double wide_ns = wide && wave ? p[kVec16] : 0;
   const double rows_cost = p[kRows] * std::log2(c.rows_per_pid);
   if (op == Op::Forward) {
     const int nin = v.residual ? 2 : 1;
@@ -103,7 +135,7 @@ double predicted_ns(Op op, const NormDesc& d, const Variant& v, const LaunchConf
     // the larger its threads, the more room stays idle waiting.
     const double slots = static_cast<double>(sms) * r / (cl > 1 ? 1 + p[kClPack] * cl * threads / 1024.0 : 1.0);
     const double bytes = static_cast<double>(c.rows_per_pid) * slice * (read + write);
-    double t1 = p[kL0] + red + lk * k * nin + rows_cost;
+    double t1 = p[kL0] + red + lk * k * nin + rows_cost + wide_ns;
     if (c.two_pass)  // the row streams through twice, 4 chunks in flight at a time; the second pass hits L2
       t1 = p[kL0] * std::ceil(k / 4) * (1 + p[kTwoPass]) + red + 2 * lk * k * nin + rows_cost;
     const double conc = std::min(ctas, slots);
@@ -158,14 +190,8 @@ std::size_t fastest_of(Op op, const NormDesc& d, const std::vector<LaunchConfig>
 }
 
 LaunchConfig staged_for_launch(Op op, const NormDesc& d, const LaunchConfig& cfg, const DeviceFacts& dev) {
-  const auto staged = d.M > 0 ? staged_variant(op, d, cfg, std::max(dev.max_cluster, cfg.cluster)) : std::nullopt;
-  if (!staged) return cfg;
-  const LaunchConfig& s = *staged;
-  const int cl = s.row_split();
-  const double regs = forward_register_need(make_variant(op, d), s, static_cast<int>(d.N), peeled(op, d, s.vec));
-  const std::int64_t slots =
-      static_cast<std::int64_t>(std::max(1, dev.sm_count) / cl) * cl * resident_ctas(dev, s.threads(), regs, 0);
-  return ceil_div(d.M, s.rows_per_pid) * cl <= slots ? s : cfg;
+  if (!staged_variant(op, d, cfg, std::max(dev.max_cluster, cfg.cluster))) return cfg;  // (no variant needed)
+  return staged_launch(op, d, make_variant(op, d), cfg, dev).value_or(cfg);
 }
 
 LaunchConfig model_config(Op op, const NormDesc& d, const DeviceFacts& dev, const ModelParams& p) {
@@ -180,9 +206,10 @@ namespace normjit::detail {
 
 const ModelParams& fitted_params(Op op) {
   // Written by tools/fit_config_model (--write): the fit over
-  // autotune_cache/model/*.json. Order: ModelParams::name.
+  // autotune_cache/model/*.json (v) and autotune_cache/model/launched/*.json
+  // (the forward's one-wave constants). Order: ModelParams::name.
   // fitted-params:begin
-  static const ModelParams fwd{{2423, 5.966, 3.852, 410.6, 221.7, 32, 0.02, 0.02, 1, 3.98, 0.4385, 0.01, 1.151, 56.01, 0.2669, 65.75}};
+  static const ModelParams fwd{{2423, 5.966, 3.852, 410.6, 221.7, 32, 0.02, 0.02, 1, 3.98, 0.4385, 0.01, 1.151, 56.01, 0.2669, 65.75}, {2423, 9.611, 3.852, 256.6, 440, 32, 0.02, 0.02, 1, 3.397, 0.2762, 0.01, 1.145, 56.01, 0.1335, 46.52}};
   static const ModelParams bwd{{3084, 38.3, 43.63, 73.68, 206, 26, 0.3246, 1, 0.717, 2112, 541.3, 1.168, 3.099, 153.3, 0.3443, 0}};
   // fitted-params:end
   return op == Op::Forward ? fwd : bwd;
