@@ -30,7 +30,8 @@ enum : int {
   kClLog,     // per doubling of the cluster size, on top of Lcl
   kSmBw,      // bytes an SM moves per clock at most (its own limit when few SMs share DRAM)
   kAdd,       // share of the shorter of latency and transfer time not hidden by the other
-  kCta,       // fwd: per CTA an SM starts (dispatch; the tiny CTAs of narrow rows); bwd: unused
+  kCta,       // fwd: per CTA an SM starts (dispatch; the tiny CTAs of narrow rows); bwd: a dw_cluster grid's
+              // own cost (its cluster launch and the barriers around the DSMEM sums)
 };
 
 // Programs (CTAs) one SM holds at once: threads, registers (allocated per
@@ -91,8 +92,8 @@ double predicted_ns(Op op, const NormDesc& d, const Variant& v, const LaunchConf
   // not), and a launch of one wave with the one-wave constants.
   const auto staged = op == Op::Forward ? staged_launch(op, d, v, cfg, dev) : std::nullopt;
   const LaunchConfig& c = staged ? *staged : cfg;
-  const bool wave = op == Op::Forward && d.M > 0 && one_wave(op, d, v, c, dev);
-  const auto& p = wave ? mp.one_wave : mp.v;
+  const bool wave = mp.one_wave && op == Op::Forward && d.M > 0 && one_wave(op, d, v, c, dev);
+  const auto& p = wave ? *mp.one_wave : mp.v;
   const int sms = std::max(1, dev.sm_count);
   const double bw = dev.memory_gbps * p[kBwEff];        // bytes per ns, all SMs
   const double sm_bw = p[kSmBw] * dev.sm_clock_ghz;     // bytes per ns, one SM
@@ -115,8 +116,9 @@ double predicted_ns(Op op, const NormDesc& d, const Variant& v, const LaunchConf
   const double needed = static_cast<double>(ceil_div(d.M, c.rows_per_pid));
   const int vec_bytes = c.vec * dtype_size(op == Op::Forward ? v.x : v.y);
   // A 16-byte vector costs a share more of each load in a chain; in a
-  // one-wave forward launch, a fixed time (ns) instead (measured at decode,
-  // kernel durations: 8-byte vectors 0.3-0.7 us faster at most widths).
+  // one-wave forward launch priced apart, a fixed time (ns) instead
+  // (measured at decode, kernel durations: 8-byte vectors 0.3-0.7 us faster
+  // at most widths).
   const bool wide = vec_bytes >= 16;
   const double lk = p[kLk] * (1 + (wide && !wave ? p[kVec16] : 0));
   const double wide_ns = wide && wave ? p[kVec16] : 0;
@@ -167,7 +169,7 @@ double predicted_ns(Op op, const NormDesc& d, const Variant& v, const LaunchConf
   const double round = round_ns(t_row, ctas, bytes, bytes, std::min<double>(sms, ctas), false);
   double t = iterations * round;
   if (c.dw_cluster)  // two cluster barriers around each CTA reading its columns' sums from every peer
-    t += 2 * (p[kLcl] + p[kClLog] * std::log2(c.cluster)) + d.N * 4.0 * v.partials() / sm_bw;
+    t += 2 * (p[kLcl] + p[kClLog] * std::log2(c.cluster)) + d.N * 4.0 * v.partials() / sm_bw + p[kCta];
   else if (programs > 1)  // partial dweight rows written, then summed by the finalize launch
     t += programs * d.N * 4.0 * v.partials() * 2 / bw + p[kTwoPass];
   return t;
@@ -206,11 +208,11 @@ namespace normjit::detail {
 
 const ModelParams& fitted_params(Op op) {
   // Written by tools/fit_config_model (--write): the fit over
-  // autotune_cache/model/*.json (v) and autotune_cache/model/launched/*.json
-  // (the forward's one-wave constants). Order: ModelParams::name.
+  // autotune_cache/model/*.json (v; with --launched files, the forward's
+  // one-wave constants too). Order: ModelParams::name.
   // fitted-params:begin
-  static const ModelParams fwd{{2423, 5.966, 3.852, 410.6, 221.7, 32, 0.02, 0.02, 1, 3.98, 0.4385, 0.01, 1.151, 56.01, 0.2669, 65.75}, {2423, 9.611, 3.852, 256.6, 440, 32, 0.02, 0.02, 1, 3.397, 0.2762, 0.01, 1.145, 56.01, 0.1335, 46.52}};
-  static const ModelParams bwd{{3084, 38.3, 43.63, 73.68, 206, 26, 0.3246, 1, 0.717, 2112, 541.3, 1.168, 3.099, 153.3, 0.3443, 0}};
+  static const ModelParams fwd{{2423, 5.966, 3.852, 410.6, 221.7, 32, 0.02, 0.02, 1, 3.98, 0.4385, 0.01, 1.151, 56.01, 0.2669, 65.75}, std::nullopt};
+  static const ModelParams bwd{{3084, 38.3, 43.63, 73.68, 206, 26, 0.3246, 1, 0.717, 2112, 541.3, 1.168, 3.099, 153.3, 0.3443, 1500}, std::nullopt};
   // fitted-params:end
   return op == Op::Forward ? fwd : bwd;
 }

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <array>
+#include <optional>
 #include <string>
 
 #include "config_grid.hpp"
@@ -28,16 +29,18 @@
 namespace normjit::detail {
 
 /// Constants of the model for one op (ns unless stated; see config_model.cpp).
-/// `v` prices every backward launch and the forward launches of more than
-/// one wave; `one_wave` the forward launches whose CTAs are all resident at
-/// once (decode rows). Those wait on one memory latency with every load in
-/// flight (staged kernels, staged_for_launch), not on a chain of loads, so
-/// their constants are fitted apart, on timings of launches as the engine
-/// runs them (autotune_cache/model/launched/).
+/// `v` prices every launch, except, where `one_wave` is set, the forward
+/// launches whose CTAs are all resident at once (decode rows): those wait on
+/// one memory latency with every load in flight (staged kernels,
+/// staged_for_launch), not on a chain of loads, so their constants can be
+/// fitted apart, on timings of launches as the engine runs them
+/// (autotune_cache/model/launched/; normjit_fit_model --launched). Unset in
+/// the shipped fit: constants fitted on one GPU's launches did not improve
+/// the other GPU's picks (docs/design.md).
 struct ModelParams {
   static constexpr int kCount = 16;
   std::array<double, kCount> v{};
-  std::array<double, kCount> one_wave{};
+  std::optional<std::array<double, kCount>> one_wave;
   static const char* name(int i);
 };
 
