@@ -2,7 +2,11 @@
 // simpler candidate (earlier in grid order) is within 2%.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "autotune.hpp"
+#include "kernel_clock.hpp"
 
 using namespace normjit;
 using normjit::detail::pick_winner;
@@ -23,4 +27,13 @@ TEST_CASE("pick_winner: fastest, ties within 2% to the simpler, rejected never")
   const std::vector<CandidateTiming> c = {timed(3.0), timed(2.95), timed(2.0)};
   CHECK(pick_winner(c) == pick_winner(c));
   CHECK(pick_winner(c) == 2);
+}
+
+TEST_CASE("a library process leaves CUPTI to its profilers unless asked") {
+  // This process never called prefer_cupti (the CLI does): unless the
+  // environment asks for CUPTI, timing uses events and registers nothing.
+  const char* t = std::getenv("NORMJIT_TIMER");
+  if (t && std::string(t) == "cupti") return;
+  CHECK(normjit::detail::KernelClock::get() == nullptr);
+  CHECK(normjit::detail::timing_method().rfind("events (", 0) == 0);
 }

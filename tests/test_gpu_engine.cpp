@@ -257,7 +257,7 @@ GPU_TEST_CASE("C ABI: NORMJIT_BUILTIN_CACHES=0 holds with options given, as with
 }
 
 GPU_TEST_CASE("the kernel clock records each copy and kernel of a region, and no memset") {
-  KernelClock* clock = KernelClock::get();
+  KernelClock* clock = KernelClock::get();  // asked for in test_main_gpu.cpp, as the CLI does
   if (!clock) {
     MESSAGE("skipped: CUPTI unavailable (" << KernelClock::unavailable_reason() << "); timing falls back to events");
     return;

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "driver.hpp"
+#include "kernel_clock.hpp"
 
 namespace {
 // Options that only print (no case runs).
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
     std::printf("SKIPPED: GPU tests need an NVIDIA GPU: %s\n", why.c_str());
     return 77;
   }
+  normjit::detail::KernelClock::prefer_cupti();  // the tuner times as the CLI does
   doctest::Context ctx;
   ctx.setOption("duration", true);  // each case's wall time (the suite's budget is 120 s on one H100)
   ctx.applyCommandLine(argc, argv);

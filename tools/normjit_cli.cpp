@@ -744,6 +744,7 @@ int cmd_cache_prune(const std::vector<std::string>& files, bool write) {
 }
 
 int main(int argc, char** argv) {
+  KernelClock::prefer_cupti();  // tune and bench time kernels as profilers do (kernel_clock.hpp)
   CLI::App app{"normjit: run-time compiled RMSNorm and LayerNorm kernels (NVRTC + CUDA Driver API): tune, benchmark, precompile"};
   app.set_version_flag("--version", std::string("normjit ") + NORMJIT_VERSION_STRING);
   app.require_subcommand(1);

@@ -4,12 +4,14 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdlib>
 #include <mutex>
 
 #include <fmt/format.h>
 
+#include "cuda_libraries.hpp"
 #include "normjit/normjit.hpp"
 
 namespace normjit::detail {
@@ -37,6 +39,8 @@ std::vector<Activity> sink;
 
 constexpr std::size_t kBufferBytes = 1 << 20;
 
+std::atomic<bool> cupti_preferred{false};
+
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
   *size = *buffer ? kBufferBytes : 0;
@@ -61,18 +65,8 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
 }
 
 std::vector<std::string> candidate_paths() {
-  if (const char* e = std::getenv("NORMJIT_CUPTI_LIBRARY"); e && *e) return {e};
-  std::vector<std::string> c;
-  const char* sos[] = {"libcupti.so.13", "libcupti.so.12", "libcupti.so"};
-  for (const char* so : sos) c.push_back(so);
-  std::vector<std::string> roots;
-  for (const char* env : {"CUDA_HOME", "CUDA_PATH"})
-    if (const char* root = std::getenv(env); root && *root) roots.push_back(root);
-  roots.push_back("/usr/local/cuda");
-  for (const auto& root : roots)
-    for (const char* dir : {"lib64", "extras/CUPTI/lib64"})
-      for (const char* so : sos) c.push_back(fmt::format("{}/{}/{}", root, dir, so));
-  return c;
+  return library_candidates("NORMJIT_CUPTI_LIBRARY", {"libcupti.so.13", "libcupti.so.12", "libcupti.so"},
+                            {"lib64", "extras/CUPTI/lib64"});
 }
 
 #define NORMJIT_STR2(x) #x
@@ -81,8 +75,14 @@ std::vector<std::string> candidate_paths() {
 const Cupti& cupti() {
   static const Cupti api = [] {
     Cupti r;
-    if (const char* t = std::getenv("NORMJIT_TIMER"); t && std::string(t) == "events") {
+    const char* t = std::getenv("NORMJIT_TIMER");
+    const std::string timer = t ? t : "";
+    if (timer == "events") {
       r.error = "NORMJIT_TIMER=events";
+      return r;
+    }
+    if (timer != "cupti" && !cupti_preferred) {
+      r.error = "CUPTI not asked for (a library process leaves it to its profilers; NORMJIT_TIMER=cupti)";
       return r;
     }
     void* h = nullptr;
@@ -113,6 +113,8 @@ void check(CUptiResult r, const char* call) {
 }
 
 }  // namespace
+
+void KernelClock::prefer_cupti() { cupti_preferred = true; }
 
 KernelClock* KernelClock::get() {
   static KernelClock clock;

@@ -6,6 +6,12 @@
 // configs on noise and timed them otherwise than the peers are compared
 // (profiler kernel sums). libcupti is opened with dlopen; without it (or
 // with another profiler holding CUPTI) median_us falls back to events.
+//
+// Only processes that ask for it use CUPTI (the CLI does: tune, bench, and
+// so tools/heldout.py): CUPTI takes one set of activity callbacks a
+// process, so a library that registered its own would break the profiler
+// of the program it runs in (torch.profiler's, say). Elsewhere, first-call
+// tuning times with events unless NORMJIT_TIMER=cupti.
 #pragma once
 
 #include <cstdint>
@@ -21,9 +27,13 @@ struct Activity {
 
 class KernelClock {
  public:
-  /// The process's clock, or nullptr where CUPTI cannot be used: libcupti
-  /// not found (NORMJIT_CUPTI_LIBRARY names it), NORMJIT_TIMER=events, or
-  /// CUPTI refused the activity kinds (another profiler attached).
+  /// Asks for CUPTI timing in this process (before the first get();
+  /// NORMJIT_TIMER overrides either way).
+  static void prefer_cupti();
+  /// The process's clock, or nullptr where CUPTI is not used: not asked for
+  /// (prefer_cupti, NORMJIT_TIMER=cupti), NORMJIT_TIMER=events, libcupti not
+  /// found (NORMJIT_CUPTI_LIBRARY names it), or CUPTI refused its callbacks
+  /// (another profiler attached).
   static KernelClock* get();
   /// Why get() returned nullptr ("" when it did not).
   static const std::string& unavailable_reason();

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "cuda_libraries.hpp"
+
 namespace normjit::detail {
 
 namespace {
@@ -16,16 +18,7 @@ struct Loaded {
 };
 
 std::vector<std::string> candidate_paths() {
-  std::vector<std::string> c;
-  if (const char* e = std::getenv("NORMJIT_NVRTC_LIBRARY"); e && *e) return {e};
-  for (const char* so : {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"}) c.push_back(so);
-  for (const char* env : {"CUDA_HOME", "CUDA_PATH"})
-    if (const char* root = std::getenv(env); root && *root)
-      for (const char* so : {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"})
-        c.push_back(fmt::format("{}/lib64/{}", root, so));
-  for (const char* so : {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"})
-    c.push_back(fmt::format("/usr/local/cuda/lib64/{}", so));
-  return c;
+  return library_candidates("NORMJIT_NVRTC_LIBRARY", {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"}, {"lib64"});
 }
 
 #define NORMJIT_STR2(x) #x
