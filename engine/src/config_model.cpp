@@ -192,7 +192,6 @@ std::size_t fastest_of(Op op, const NormDesc& d, const std::vector<LaunchConfig>
 }
 
 LaunchConfig staged_for_launch(Op op, const NormDesc& d, const LaunchConfig& cfg, const DeviceFacts& dev) {
-  if (!staged_variant(op, d, cfg, std::max(dev.max_cluster, cfg.cluster))) return cfg;  // (no variant needed)
   return staged_launch(op, d, make_variant(op, d), cfg, dev).value_or(cfg);
 }
 
