@@ -265,23 +265,23 @@ int main(int argc, char** argv) {
       const char* label = op == Op::Forward ? "fwd" : "bwd";
       ModelParams& p = fitted[op == Op::Forward ? 0 : 1];
       // Every row fits v; as-launched rows the forward's one-wave constants.
-      for (bool staged : {false, true}) {
-        if (staged && op != Op::Forward) continue;
+      for (bool launched : {false, true}) {
+        if (launched && op != Op::Forward) continue;
         std::vector<const Row*> sel;
         for (const auto& r : rows)
-          if (r.op == op && (r.as_launched || !staged)) sel.push_back(&r);
+          if (r.op == op && (r.as_launched || !launched)) sel.push_back(&r);
         if (sel.empty()) continue;
-        const std::string what = fmt::format("{}{}", label, staged ? " as launched" : " all rows");
+        const std::string what = fmt::format("{}{}", label, launched ? " as launched" : " all rows");
         const double worst = report(sel, p, what + " (current)", each && iters == 0);
-        const double bound = staged ? max_geomean_launched : max_geomean;
+        const double bound = launched ? max_geomean_launched : max_geomean;
         if (bound > 0 && worst > bound) {
           fmt::print("{}: the model's geometric mean {:.3f} exceeds {}\n", what, worst, bound);
           failed = true;
         }
         if (iters > 0) {
-          p = fit(op, sel, p, staged, iters, seed);
+          p = fit(op, sel, p, launched, iters, seed);
           report(sel, p, what + " (fitted)", each);
-          fmt::print("{} constants: {}\n", what, names_of(staged ? *p.one_wave : p.v));
+          fmt::print("{} constants: {}\n", what, names_of(launched ? *p.one_wave : p.v));
         }
       }
     }

@@ -26,7 +26,7 @@ enum : int {
   kBwEff,     // share of the memory bandwidth a streaming kernel draws
   kTwoPass,   // fwd: a second pass's latency (from L2) as a share of L0; bwd: the finalize launch (ns)
   kRows,      // per doubling of the rows a program handles at once (bwd: dweight staging)
-  kVec16,     // extra share of Lk a 16-byte vector load costs over a narrower one (fwd one wave: ns)
+  kVec16,     // extra share of Lk a 16-byte vector load costs over a narrower one
   kClLog,     // per doubling of the cluster size, on top of Lcl
   kSmBw,      // bytes an SM moves per clock at most (its own limit when few SMs share DRAM)
   kAdd,       // share of the shorter of latency and transfer time not hidden by the other
@@ -115,13 +115,7 @@ double predicted_ns(Op op, const NormDesc& d, const Variant& v, const LaunchConf
                      (cl > 1 ? p[kLcl] + p[kClLog] * std::log2(cl) : 0);
   const double needed = static_cast<double>(ceil_div(d.M, c.rows_per_pid));
   const int vec_bytes = c.vec * dtype_size(op == Op::Forward ? v.x : v.y);
-  // A 16-byte vector costs a share more of each load in a chain; in a
-  // one-wave forward launch priced apart, a fixed time (ns) instead
-  // (measured at decode, kernel durations: 8-byte vectors 0.3-0.7 us faster
-  // at most widths).
-  const bool wide = vec_bytes >= 16;
-  const double lk = p[kLk] * (1 + (wide && !wave ? p[kVec16] : 0));
-  const double wide_ns = wide && wave ? p[kVec16] : 0;
+  const double lk = p[kLk] * (1 + (vec_bytes >= 16 ? p[kVec16] : 0));
   const double rows_cost = p[kRows] * std::log2(c.rows_per_pid);
   if (op == Op::Forward) {
     const int nin = v.residual ? 2 : 1;
@@ -137,7 +131,7 @@ double predicted_ns(Op op, const NormDesc& d, const Variant& v, const LaunchConf
     // the larger its threads, the more room stays idle waiting.
     const double slots = static_cast<double>(sms) * r / (cl > 1 ? 1 + p[kClPack] * cl * threads / 1024.0 : 1.0);
     const double bytes = static_cast<double>(c.rows_per_pid) * slice * (read + write);
-    double t1 = p[kL0] + red + lk * k * nin + rows_cost + wide_ns;
+    double t1 = p[kL0] + red + lk * k * nin + rows_cost;
     if (c.two_pass)  // the row streams through twice, 4 chunks in flight at a time; the second pass hits L2
       t1 = p[kL0] * std::ceil(k / 4) * (1 + p[kTwoPass]) + red + 2 * lk * k * nin + rows_cost;
     const double conc = std::min(ctas, slots);

@@ -1,6 +1,9 @@
 // Where the engine looks for a CUDA toolkit library it opens with dlopen
-// (NVRTC, CUPTI): one search order for every such library.
+// (NVRTC, CUPTI), and how it opens it: one search order for every such
+// library.
 #pragma once
+
+#include <dlfcn.h>
 
 #include <cstdlib>
 #include <string>
@@ -25,6 +28,20 @@ inline std::vector<std::string> library_candidates(const char* override_env, con
     for (const auto& dir : dirs)
       for (const auto& so : sonames) c.push_back(fmt::format("{}/{}/{}", root, dir, so));
   return c;
+}
+
+/// The first of `paths` that dlopen opens (nullptr if none), its path into
+/// *opened, and each failure ("\n  path: dlerror") appended to *tried.
+inline void* open_first(const std::vector<std::string>& paths, std::string* opened, std::string* tried) {
+  for (const auto& p : paths) {
+    if (void* h = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+      *opened = p;
+      return h;
+    }
+    const char* e = dlerror();
+    *tried += fmt::format("\n  {}: {}", p, e ? e : "not found");
+  }
+  return nullptr;
 }
 
 }  // namespace normjit::detail

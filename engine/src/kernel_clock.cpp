@@ -85,9 +85,8 @@ const Cupti& cupti() {
       r.error = "CUPTI not asked for (a library process leaves it to its profilers; NORMJIT_TIMER=cupti)";
       return r;
     }
-    void* h = nullptr;
-    for (const auto& p : candidate_paths())
-      if ((h = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
+    std::string path, tried;
+    void* h = open_first(candidate_paths(), &path, &tried);
     if (!h) {
       r.error = "libcupti not found (NORMJIT_CUPTI_LIBRARY names it)";
       return r;

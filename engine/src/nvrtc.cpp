@@ -28,16 +28,7 @@ const Loaded& loaded() {
   static const Loaded l = [] {
     Loaded r;
     std::string tried;
-    void* h = nullptr;
-    for (const auto& p : candidate_paths()) {
-      h = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (h) {
-        r.api.path = p;
-        break;
-      }
-      const char* e = dlerror();
-      tried += fmt::format("\n  {}: {}", p, e ? e : "not found");
-    }
+    void* h = open_first(candidate_paths(), &r.api.path, &tried);
     if (!h) {
       r.error = "libnvrtc (NVRTC, the CUDA run-time compiler) could not be opened; set "
                 "NORMJIT_NVRTC_LIBRARY to its path. Tried:" + tried;
