@@ -16,14 +16,15 @@
 
 #include <fmt/format.h>
 
-#include "autotune.hpp"
-#include "config_grid.hpp"
-#include "driver.hpp"
-#include "host_dtype.hpp"
-#include "jit.hpp"
-#include "ops.hpp"
-#include "reference.hpp"
-#include "specialization.hpp"
+#include "tuning/autotune.hpp"
+#include "config/config_grid.hpp"
+#include "device/driver.hpp"
+#include "core/host_dtype.hpp"
+#include "compile/jit.hpp"
+#include "runtime/ops.hpp"
+#include "core/reference.hpp"
+#include "compile/specialization.hpp"
+#include "core/parallel.hpp"
 
 namespace normjit::test {
 

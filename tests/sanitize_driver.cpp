@@ -1,5 +1,5 @@
 // normjit_sanitize: a small driver for compute-sanitizer (tools/sanitize.sh).
-// Each case is one shape spec (shapes.hpp) of the sample below: narrow,
+// Each case is one shape spec (core/shape_spec.hpp) of the sample below: narrow,
 // usual, wide and odd rows, 64-bit offsets, odd strides, 3-D heads and every
 // feature switch (residual, LayerNorm bias, weight offset, cast modes, no
 // weight / bias, FP8 outputs and inputs). A case runs, for each of its ops,
@@ -34,15 +34,16 @@
 
 #include <fmt/format.h>
 
-#include "autotune.hpp"
-#include "check.hpp"
-#include "config_grid.hpp"
-#include "driver.hpp"
-#include "jit.hpp"
-#include "ops.hpp"
-#include "shapes.hpp"
-#include "specialization.hpp"
-#include "tensors.hpp"
+#include "tuning/autotune.hpp"
+#include "core/parallel.hpp"
+#include "tuning/check.hpp"
+#include "config/config_grid.hpp"
+#include "device/driver.hpp"
+#include "compile/jit.hpp"
+#include "runtime/ops.hpp"
+#include "core/shape_spec.hpp"
+#include "compile/specialization.hpp"
+#include "core/tensors.hpp"
 
 using namespace normjit;
 using namespace normjit::detail;

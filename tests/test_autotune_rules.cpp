@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "autotune.hpp"
-#include "kernel_clock.hpp"
+#include "tuning/autotune.hpp"
+#include "device/kernel_clock.hpp"
 
 using namespace normjit;
 using normjit::detail::pick_winner;

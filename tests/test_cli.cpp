@@ -17,11 +17,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "config_grid.hpp"
-#include "driver.hpp"
+#include "config/config_grid.hpp"
+#include "device/driver.hpp"
 #include "normjit/version.hpp"
-#include "shapes.hpp"
-#include "specialization.hpp"
+#include "core/shape_spec.hpp"
+#include "compile/specialization.hpp"
 #include "test_util.hpp"
 
 using namespace normjit;

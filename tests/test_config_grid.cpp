@@ -8,10 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "config_grid.hpp"
-#include "specialization.hpp"
-#include "tuned_cache.hpp"
+#include "config/config_grid.hpp"
+#include "compile/specialization.hpp"
+#include "tuning/tuned_cache.hpp"
 #include "test_util.hpp"
+#include "core/variant.hpp"
 
 using namespace normjit;
 using namespace normjit::detail;

@@ -17,9 +17,9 @@
 
 #include <fmt/format.h>
 
-#include "host_dtype.hpp"
+#include "core/host_dtype.hpp"
 #include "test_util.hpp"
-#include "shapes.hpp"
+#include "models/model_norms.hpp"
 
 using namespace normjit;
 using namespace normjit::detail;

@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "fp8.cuh"
-#include "kernel_sources.hpp"
-#include "nvrtc.hpp"
-#include "reference.hpp"
-#include "shapes.hpp"
-#include "specialization.hpp"
+#include "compile/kernel_sources.hpp"
+#include "compile/nvrtc.hpp"
+#include "core/reference.hpp"
+#include "core/shape_spec.hpp"
+#include "compile/specialization.hpp"
 
 namespace {
 

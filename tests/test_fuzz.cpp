@@ -46,14 +46,16 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "autotune.hpp"
-#include "config_grid.hpp"
-#include "cubin.hpp"
-#include "jit.hpp"
-#include "shapes.hpp"
-#include "specialization.hpp"
+#include "tuning/autotune.hpp"
+#include "config/config_grid.hpp"
+#include "compile/cubin.hpp"
+#include "compile/jit.hpp"
+#include "models/model_norms.hpp"
+#include "compile/specialization.hpp"
 #include "test_util.hpp"
-#include "tuned_cache.hpp"
+#include "tuning/tuned_cache.hpp"
+#include "core/parallel.hpp"
+#include "core/variant.hpp"
 
 using namespace normjit;
 using namespace normjit::detail;
@@ -809,7 +811,7 @@ TEST_CASE("fuzz: damaged tuned-cache files are skipped or healed, never crash, a
     }
     const NormDesc d = parse_shape_spec("rms:bf16:1024x4096").desc;
     for (TunePolicy p : {TunePolicy::Never, TunePolicy::OnFirstUse})
-      for (bool skip : {false, true}) explain_config(cache, Op::Forward, d, normjit_test::test_facts(), p, skip);
+      for (bool skip : {false, true}) config_from_caches(cache, Op::Forward, d, normjit_test::test_facts(), p, skip);
     list_tuned_cache_files(shipped.string(), [&](const std::string& w) { warnings.push_back(w); });
     // A store heals a damaged user file: afterwards it parses and holds the entry.
     if (n % 4 == 0) {

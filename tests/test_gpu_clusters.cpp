@@ -12,10 +12,10 @@
 #include <map>
 #include <set>
 
-#include "check.hpp"
-#include "config_grid.hpp"
+#include "tuning/check.hpp"
+#include "config/config_grid.hpp"
 #include "gpu_harness.hpp"
-#include "ops.hpp"
+#include "runtime/ops.hpp"
 #include "test_util.hpp"
 
 using namespace normjit;

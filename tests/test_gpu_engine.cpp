@@ -7,14 +7,16 @@
 
 #include <cstdlib>
 
-#include "autotune.hpp"
-#include "config_grid.hpp"
+#include "tuning/autotune.hpp"
+#include "config/config_grid.hpp"
 #include "gpu_harness.hpp"
-#include "kernel_clock.hpp"
+#include "device/kernel_clock.hpp"
 #include "normjit/normjit.h"
-#include "ops.hpp"
+#include "runtime/ops.hpp"
 #include "test_util.hpp"
-#include "tuned_cache.hpp"
+#include "tuning/tuned_cache.hpp"
+#include "core/parallel.hpp"
+#include "core/variant.hpp"
 
 using namespace normjit;
 using namespace normjit::test;

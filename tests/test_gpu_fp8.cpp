@@ -7,11 +7,11 @@
 #include <cmath>
 #include <cstring>
 
-#include "check.hpp"
-#include "config_grid.hpp"
+#include "tuning/check.hpp"
+#include "config/config_grid.hpp"
 #include "gpu_harness.hpp"
-#include "ops.hpp"
-#include "shapes.hpp"
+#include "runtime/ops.hpp"
+#include "core/shape_spec.hpp"
 #include "test_util.hpp"
 
 using namespace normjit;

@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "check.hpp"
-#include "config_grid.hpp"
+#include "tuning/check.hpp"
+#include "config/config_grid.hpp"
 #include "gpu_harness.hpp"
 #include "test_util.hpp"
 

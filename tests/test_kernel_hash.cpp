@@ -4,16 +4,18 @@
 #include <doctest/doctest.h>
 
 #include <random>
+#include <set>
 
-#include "cache_migrate.hpp"
-#include "config_grid.hpp"
-#include "cubin.hpp"
-#include "nvrtc.hpp"
+#include "tuning/cache_migrate.hpp"
+#include "config/config_grid.hpp"
+#include "compile/cubin.hpp"
+#include "compile/nvrtc.hpp"
 #include "test_util.hpp"
-#include "kernel_sources.hpp"
-#include "shapes.hpp"
-#include "specialization.hpp"
-#include "tuned_cache.hpp"
+#include "compile/kernel_sources.hpp"
+#include "core/shape_spec.hpp"
+#include "compile/specialization.hpp"
+#include "tuning/tuned_cache.hpp"
+#include "core/variant.hpp"
 
 using namespace normjit;
 using namespace normjit::detail;
@@ -247,4 +249,94 @@ TEST_CASE("cache migrate: entries whose kernels compile to the same machine code
     REQUIRE(f);
     CHECK_FALSE(entry_staleness(k2, f->entries.at(k2)).empty());
   }
+}
+
+// The hand-kept keys cover every field: a Variant field changes the shape key
+// (Variant::tags) and the kernel's source (its prelude), and a KernelSpec
+// field its name (the cubin cache's file) and source hash (tuned entries).
+// The static_asserts on sizeof(Variant) and sizeof(KernelSpec) send a new
+// field here.
+TEST_CASE("keys: every Variant and KernelSpec field reaches the shape key, the name and the source") {
+  KernelSpec fwd;  // a forward with a fused residual add, LayerNorm: the fields that matter there
+  fwd.kind = KernelKind::Forward;
+  fwd.N = 4096;
+  fwd.cfg = LaunchConfig{8, 256, 1, false};
+  fwd.v.norm = NormKind::LayerNorm;
+  fwd.v.has_b = true;
+  fwd.v.residual = fwd.v.store_res = true;
+  fwd.v.h = DType::F32;
+  fwd.v.store_rstd = fwd.v.store_mean = true;
+  KernelSpec quant = fwd;  // a quantized forward: its FP8 fields
+  quant.v.residual = quant.v.store_res = false;
+  quant.v.h = DType::BF16;
+  quant.v.y = DType::E4M3;
+  quant.v.quant = QuantScaling::Group;
+  quant.v.qgroup = 128;
+  KernelSpec bwd = fwd;  // a backward with dresidual
+  bwd.kind = KernelKind::Backward;
+  bwd.v.residual = bwd.v.store_res = false;
+  bwd.v.dres = true;
+  struct Field {
+    const char* name;
+    const KernelSpec* base;
+    void (*change)(KernelSpec&);
+  };
+  const Field fields[] = {
+      {"norm", &fwd, [](KernelSpec& s) { s.v.norm = NormKind::RMSNorm; s.v.has_b = false; s.v.store_mean = false; }},
+      {"x", &fwd, [](KernelSpec& s) { s.v.x = DType::F16; }},
+      {"y", &fwd, [](KernelSpec& s) { s.v.y = DType::F32; }},
+      {"w", &fwd, [](KernelSpec& s) { s.v.w = DType::F32; }},
+      {"r", &fwd, [](KernelSpec& s) { s.v.r = DType::F32; }},
+      {"ro", &fwd, [](KernelSpec& s) { s.v.ro = DType::F32; }},
+      {"h", &fwd, [](KernelSpec& s) { s.v.h = DType::BF16; s.v.round_res = true; }},
+      {"dx", &bwd, [](KernelSpec& s) { s.v.dx = DType::F32; }},
+      {"has_w", &fwd, [](KernelSpec& s) { s.v.has_w = false; }},
+      {"has_b", &fwd, [](KernelSpec& s) { s.v.has_b = false; }},
+      {"w_offset", &fwd, [](KernelSpec& s) { s.v.w_offset = 1.f; }},
+      {"residual", &fwd, [](KernelSpec& s) { s.v.residual = s.v.store_res = false; s.v.h = DType::BF16; }},
+      {"store_res", &fwd, [](KernelSpec& s) { s.v.store_res = false; }},
+      {"round_res", &fwd, [](KernelSpec& s) { s.v.round_res = true; }},
+      {"llama", &fwd, [](KernelSpec& s) { s.v.llama = true; }},
+      {"heads", &fwd, [](KernelSpec& s) { s.v.heads = true; }},
+      {"dres", &bwd, [](KernelSpec& s) { s.v.dres = false; }},
+      {"store_rstd", &fwd, [](KernelSpec& s) { s.v.store_rstd = false; }},
+      {"store_mean", &fwd, [](KernelSpec& s) { s.v.store_mean = false; }},
+      {"quant", &quant, [](KernelSpec& s) { s.v.quant = QuantScaling::Token; s.v.qgroup = 0; }},
+      {"qgroup", &quant, [](KernelSpec& s) { s.v.qgroup = 64; }},
+      {"ue8m0", &quant, [](KernelSpec& s) { s.v.ue8m0 = true; }},
+      {"colmajor", &quant, [](KernelSpec& s) { s.v.colmajor = true; }},
+      {"store_yhp", &quant, [](KernelSpec& s) { s.v.store_yhp = true; }},
+      {"store_yt", &quant, [](KernelSpec& s) { s.v.quant = QuantScaling::Tensor; s.v.qgroup = 0; s.v.store_yt = true; }},
+      {"yhp", &quant, [](KernelSpec& s) { s.v.store_yhp = true; s.v.yhp = DType::F32; }},
+      {"xgroup", &fwd, [](KernelSpec& s) { s.v.x = DType::E4M3; s.v.xgroup = 32; s.v.residual = s.v.store_res = false; }},
+  };
+  for (const Field& f : fields) {
+    CAPTURE(f.name);
+    KernelSpec changed = *f.base;
+    f.change(changed);
+    CHECK(changed.v.tags(changed.kind) != f.base->v.tags(f.base->kind));
+    CHECK(changed.source() != f.base->source());
+  }
+  // KernelSpec's own fields: each changes the name and the source hash.
+  const KernelSpec base = fwd;
+  const std::pair<const char*, void (*)(KernelSpec&)> spec_fields[] = {
+      {"kind", [](KernelSpec& s) { s.kind = KernelKind::Backward; s.v.residual = s.v.store_res = false; }},
+      {"N", [](KernelSpec& s) { s.N = 4104; }},
+      {"cfg", [](KernelSpec& s) { s.cfg.threads_per_row = 128; }},
+      {"index64", [](KernelSpec& s) { s.index64 = true; }},
+      {"dw_smem", [](KernelSpec& s) { s.kind = KernelKind::Backward; s.v.residual = s.v.store_res = false; s.dw_smem = true; }},
+      {"peel", [](KernelSpec& s) { s.peel = true; s.N = 4095; }},
+  };
+  for (const auto& [name, change] : spec_fields) {
+    CAPTURE(name);
+    KernelSpec changed = base;
+    change(changed);
+    CHECK(changed.name() != base.name());
+    CHECK(changed.source_hash() != base.source_hash());
+  }
+  // min_blocks is derived from the others (forward_min_blocks), so it is in
+  // the source (its __launch_bounds__) and not in the name.
+  KernelSpec mb = base;
+  mb.min_blocks = 2;
+  CHECK(mb.source_hash() != base.source_hash());
 }

@@ -13,8 +13,8 @@
 #include <exception>
 #include <string>
 
-#include "driver.hpp"
-#include "kernel_clock.hpp"
+#include "device/driver.hpp"
+#include "device/kernel_clock.hpp"
 
 namespace {
 // Options that only print (no case runs).

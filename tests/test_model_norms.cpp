@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "shapes.hpp"
+#include "models/model_norms.hpp"
 #include "test_util.hpp"
 
 using namespace normjit;

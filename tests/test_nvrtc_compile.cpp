@@ -17,13 +17,15 @@
 
 #include <fmt/format.h>
 
-#include "autotune.hpp"
-#include "config_grid.hpp"
-#include "cubin.hpp"
-#include "jit.hpp"
-#include "nvrtc.hpp"
-#include "specialization.hpp"
+#include "tuning/autotune.hpp"
+#include "config/config_grid.hpp"
+#include "compile/cubin.hpp"
+#include "compile/jit.hpp"
+#include "compile/nvrtc.hpp"
+#include "compile/specialization.hpp"
 #include "test_util.hpp"
+#include "core/parallel.hpp"
+#include "core/variant.hpp"
 
 using namespace normjit;
 using namespace normjit::detail;

@@ -7,7 +7,7 @@
 
 #include <filesystem>
 
-#include "tuned_cache.hpp"
+#include "tuning/tuned_cache.hpp"
 
 using namespace normjit;
 using namespace normjit::detail;

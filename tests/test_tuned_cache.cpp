@@ -20,7 +20,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "tuned_cache.hpp"
+#include "tuning/tuned_cache.hpp"
+#include "core/variant.hpp"
 
 namespace fs = std::filesystem;
 using namespace normjit;
@@ -219,7 +220,7 @@ TEST_CASE("tuned_cache: JSON round trip keeps every field") {
     check_same(f->entries.at(key), want);
   }
 
-  // The layout on disk, as documented in tuned_cache.hpp.
+  // The layout on disk, as documented in tuning/cache_file.hpp.
   const json doc = json::parse(read_text(path));
   CHECK(doc["schema_version"] == kTunedCacheSchemaVersion);
   CHECK(doc["device"]["key"] == h100().key());

@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "shapes.hpp"
+#include "core/shape_spec.hpp"
 
 namespace fs = std::filesystem;
 using namespace normjit;
@@ -116,7 +116,7 @@ void write_text_file(const fs::path& path, const std::string& text) {
 
 
 std::vector<Variant> fp8_variants(std::int64_t M, std::int64_t N, DType t) {
-  // Options of the shape spec (shapes.hpp): one line a variant.
+  // Options of the shape spec (core/shape_spec.hpp): one line a variant.
   const std::vector<std::pair<const char*, const char*>> sets = {
       {"rms", ":quant=e4m3/tensor-static"},
       {"rms", ":quant=e5m2/tensor-static:transpose"},

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "config_grid.hpp"
+#include "config/config_grid.hpp"
 #include "normjit/normjit.hpp"
 
 namespace normjit_test {

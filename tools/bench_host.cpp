@@ -19,12 +19,12 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "driver.hpp"
-#include "jit.hpp"
+#include "device/driver.hpp"
+#include "compile/jit.hpp"
 #include "normjit/normjit.hpp"
-#include "ops.hpp"
-#include "shapes.hpp"
-#include "autotune.hpp"
+#include "runtime/ops.hpp"
+#include "core/shape_spec.hpp"
+#include "tuning/autotune.hpp"
 
 using namespace normjit;
 using namespace normjit::detail;

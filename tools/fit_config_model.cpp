@@ -30,9 +30,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "config_model.hpp"
-#include "shapes.hpp"
-#include "tuned_cache.hpp"
+#include "config/config_model.hpp"
+#include "core/shape_spec.hpp"
+#include "tuning/tuned_cache.hpp"
+#include "core/atomic_file.hpp"
 
 using namespace normjit;
 using namespace normjit::detail;
@@ -216,10 +217,8 @@ std::string names_of(const std::array<double, ModelParams::kCount>& a) {
   return names;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"Fit the config model's constants to full-grid timings (tools/heldout.py run output)"};
+// The command line.
+struct FitOptions {
   std::vector<std::string> files, launched_files;
   std::string write_path, shipped = NORMJIT_SHIPPED_CACHE_DIR;
   int iters = 0;
@@ -228,91 +227,115 @@ int main(int argc, char** argv) {
   double max_geomean = 0, max_geomean_launched = 0;
   std::vector<double> start_fwd, start_bwd, start_one_wave;
   std::vector<std::string> show;
-  app.add_option("--show", show, "Shapes (as in the files, e.g. rms:bf16:4096x65536) whose every candidate to print: "
-                                 "predicted and measured time, fastest measured first");
-  app.add_option("files", files, "heldout.py run JSON files (rows with every candidate's time), timed unstaged")->check(CLI::ExistingFile);
-  app.add_option("--launched", launched_files, "heldout.py run JSON files timed as launches run each config (staged where "
-                                             "they stage): they fit the forward's one-wave constants")->check(CLI::ExistingFile);
-  app.add_option("--iters", iters, "Random-search steps per op (0: only report the current constants)");
-  app.add_option("--seed", seed, "Random seed of the search");
-  app.add_option("--write", write_path, "Replace the fitted-params block of this config_model.cpp")->check(CLI::ExistingFile);
-  app.add_option("--shipped", shipped, "Tuned-cache directory whose files give each GPU's facts");
-  app.add_flag("--each", each, "List every shape the model misses by more than 5%");
-  app.add_option("--max-geomean", max_geomean,
+};
+
+void add_options(CLI::App& app, FitOptions& o) {
+  app.add_option("--show", o.show, "Shapes (as in the files, e.g. rms:bf16:4096x65536) whose every candidate to print: "
+                                   "predicted and measured time, fastest measured first");
+  app.add_option("files", o.files, "heldout.py run JSON files (rows with every candidate's time), timed unstaged")->check(CLI::ExistingFile);
+  app.add_option("--launched", o.launched_files, "heldout.py run JSON files timed as launches run each config (staged where "
+                                               "they stage): they fit the forward's one-wave constants")->check(CLI::ExistingFile);
+  app.add_option("--iters", o.iters, "Random-search steps per op (0: only report the current constants)");
+  app.add_option("--seed", o.seed, "Random seed of the search");
+  app.add_option("--write", o.write_path, "Replace the fitted-params block of this config_model.cpp")->check(CLI::ExistingFile);
+  app.add_option("--shipped", o.shipped, "Tuned-cache directory whose files give each GPU's facts");
+  app.add_flag("--each", o.each, "List every shape the model misses by more than 5%");
+  app.add_option("--max-geomean", o.max_geomean,
                  "Exit 1 when the model's geometric mean over the fastest, of an op on a GPU, exceeds this");
-  app.add_option("--max-geomean-launched", max_geomean_launched,
+  app.add_option("--max-geomean-launched", o.max_geomean_launched,
                  "The same for the --launched rows (CUPTI kernel durations carry no launch time, so their ratios "
                  "run larger than event-timed ones)");
-  app.add_option("--start-fwd", start_fwd, "Constants to start the forward's search from (ModelParams order)")->delimiter(',')->expected(ModelParams::kCount);
-  app.add_option("--start-bwd", start_bwd, "Constants to start the backward's search from")->delimiter(',')->expected(ModelParams::kCount);
-  app.add_option("--start-one-wave", start_one_wave, "Constants to start the forward's one-wave search from")->delimiter(',')->expected(ModelParams::kCount);
+  app.add_option("--start-fwd", o.start_fwd, "Constants to start the forward's search from (ModelParams order)")->delimiter(',')->expected(ModelParams::kCount);
+  app.add_option("--start-bwd", o.start_bwd, "Constants to start the backward's search from")->delimiter(',')->expected(ModelParams::kCount);
+  app.add_option("--start-one-wave", o.start_one_wave, "Constants to start the forward's one-wave search from")->delimiter(',')->expected(ModelParams::kCount);
+}
+
+// Reports (and with --iters fits) each op's constants on its rows; true when
+// a geometric mean exceeds its bound.
+bool fit_and_report(const std::vector<Row>& rows, ModelParams (&fitted)[2], const FitOptions& o) {
+  bool failed = false;
+  for (Op op : {Op::Forward, Op::Backward}) {
+    const char* label = op == Op::Forward ? "fwd" : "bwd";
+    ModelParams& p = fitted[op == Op::Forward ? 0 : 1];
+    // Every row fits v; as-launched rows the forward's one-wave constants.
+    for (bool launched : {false, true}) {
+      if (launched && op != Op::Forward) continue;
+      std::vector<const Row*> sel;
+      for (const auto& r : rows)
+        if (r.op == op && (r.as_launched || !launched)) sel.push_back(&r);
+      if (sel.empty()) continue;
+      const std::string what = fmt::format("{}{}", label, launched ? " as launched" : " all rows");
+      const double worst = report(sel, p, what + " (current)", o.each && o.iters == 0);
+      const double bound = launched ? o.max_geomean_launched : o.max_geomean;
+      if (bound > 0 && worst > bound) {
+        fmt::print("{}: the model's geometric mean {:.3f} exceeds {}\n", what, worst, bound);
+        failed = true;
+      }
+      if (o.iters > 0) {
+        p = fit(op, sel, p, launched, o.iters, o.seed);
+        report(sel, p, what + " (fitted)", o.each);
+        fmt::print("{} constants: {}\n", what, names_of(launched ? *p.one_wave : p.v));
+      }
+    }
+  }
+  return failed;
+}
+
+// --show: every candidate of the named shapes, measured and predicted.
+void show_candidates(const std::vector<Row>& rows, const ModelParams (&fitted)[2], const std::vector<std::string>& show) {
+  for (const auto& r : rows) {
+    if (std::find(show.begin(), show.end(), r.shape) == show.end()) continue;
+    const ModelParams& p = fitted[r.op == Op::Forward ? 0 : 1];
+    const std::size_t pick = fastest_of(r.op, r.desc, r.grid, r.dev, params_for(r, p));
+    std::vector<std::size_t> order(r.grid.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](auto a, auto b) { return r.ratio[a] < r.ratio[b]; });
+    fmt::print("{} {} {}: measured/fastest, predicted us (* the model's pick)\n", r.gpu,
+               r.op == Op::Forward ? "fwd" : "bwd", r.shape);
+    for (std::size_t i : order)
+      fmt::print("  {:1}{:22} {:6.3f} {:9.2f}\n", i == pick ? "*" : "", r.grid[i].str(), r.ratio[i],
+                 predicted_ns(r.op, r.desc, r.grid[i], r.dev, params_for(r, p)) / 1000);
+  }
+}
+
+// --write: the fitted-params block of config_model.cpp replaced (atomically).
+void write_params(const std::string& path, const ModelParams (&fitted)[2]) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string s = ss.str();
+  const std::string begin = "// fitted-params:begin\n", end = "  // fitted-params:end";
+  const auto a = s.find(begin), b = s.find(end);
+  if (a == std::string::npos || b == std::string::npos || b < a)
+    throw std::runtime_error(path + " has no fitted-params block");
+  s = s.substr(0, a + begin.size()) + params_line("fwd", fitted[0], true) + params_line("bwd", fitted[1], false) + s.substr(b);
+  if (auto why = write_file_atomically(path, s)) throw std::runtime_error("cannot write " + path + ": " + *why);
+  fmt::print("wrote the fitted constants into {}\n", path);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Fit the config model's constants to full-grid timings (tools/heldout.py run output)"};
+  FitOptions o;
+  add_options(app, o);
   CLI11_PARSE(app, argc, argv);
   try {
-    std::vector<Row> rows = load(files, shipped, false);
-    for (auto& r : load(launched_files, shipped, true)) rows.push_back(std::move(r));
+    std::vector<Row> rows = load(o.files, o.shipped, false);
+    for (auto& r : load(o.launched_files, o.shipped, true)) rows.push_back(std::move(r));
     if (rows.empty()) throw std::runtime_error("no rows: give files, --launched files or both");
-    bool failed = false;
     ModelParams fitted[2] = {fitted_params(Op::Forward), fitted_params(Op::Backward)};
     for (int i = 0; i < ModelParams::kCount; ++i) {
-      if (!start_fwd.empty()) fitted[0].v[i] = start_fwd[i];
-      if (!start_bwd.empty()) fitted[1].v[i] = start_bwd[i];
-      if (!start_one_wave.empty()) {
+      if (!o.start_fwd.empty()) fitted[0].v[i] = o.start_fwd[i];
+      if (!o.start_bwd.empty()) fitted[1].v[i] = o.start_bwd[i];
+      if (!o.start_one_wave.empty()) {
         if (!fitted[0].one_wave) fitted[0].one_wave.emplace();
-        (*fitted[0].one_wave)[i] = start_one_wave[i];
+        (*fitted[0].one_wave)[i] = o.start_one_wave[i];
       }
     }
-    for (Op op : {Op::Forward, Op::Backward}) {
-      const char* label = op == Op::Forward ? "fwd" : "bwd";
-      ModelParams& p = fitted[op == Op::Forward ? 0 : 1];
-      // Every row fits v; as-launched rows the forward's one-wave constants.
-      for (bool launched : {false, true}) {
-        if (launched && op != Op::Forward) continue;
-        std::vector<const Row*> sel;
-        for (const auto& r : rows)
-          if (r.op == op && (r.as_launched || !launched)) sel.push_back(&r);
-        if (sel.empty()) continue;
-        const std::string what = fmt::format("{}{}", label, launched ? " as launched" : " all rows");
-        const double worst = report(sel, p, what + " (current)", each && iters == 0);
-        const double bound = launched ? max_geomean_launched : max_geomean;
-        if (bound > 0 && worst > bound) {
-          fmt::print("{}: the model's geometric mean {:.3f} exceeds {}\n", what, worst, bound);
-          failed = true;
-        }
-        if (iters > 0) {
-          p = fit(op, sel, p, launched, iters, seed);
-          report(sel, p, what + " (fitted)", each);
-          fmt::print("{} constants: {}\n", what, names_of(launched ? *p.one_wave : p.v));
-        }
-      }
-    }
-    for (const auto& r : rows) {
-      if (std::find(show.begin(), show.end(), r.shape) == show.end()) continue;
-      const ModelParams& p = fitted[r.op == Op::Forward ? 0 : 1];
-      const std::size_t pick = fastest_of(r.op, r.desc, r.grid, r.dev, params_for(r, p));
-      std::vector<std::size_t> order(r.grid.size());
-      for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-      std::sort(order.begin(), order.end(), [&](auto a, auto b) { return r.ratio[a] < r.ratio[b]; });
-      fmt::print("{} {} {}: measured/fastest, predicted us (* the model's pick)\n", r.gpu,
-                 r.op == Op::Forward ? "fwd" : "bwd", r.shape);
-      for (std::size_t i : order)
-        fmt::print("  {:1}{:22} {:6.3f} {:9.2f}\n", i == pick ? "*" : "", r.grid[i].str(), r.ratio[i],
-                   predicted_ns(r.op, r.desc, r.grid[i], r.dev, params_for(r, p)) / 1000);
-    }
-    if (!write_path.empty()) {
-      std::ifstream in(write_path);
-      std::stringstream ss;
-      ss << in.rdbuf();
-      std::string s = ss.str();
-      const std::string begin = "// fitted-params:begin\n", end = "  // fitted-params:end";
-      const auto a = s.find(begin), b = s.find(end);
-      if (a == std::string::npos || b == std::string::npos || b < a)
-        throw std::runtime_error(write_path + " has no fitted-params block");
-      s = s.substr(0, a + begin.size()) + params_line("fwd", fitted[0], true) + params_line("bwd", fitted[1], false) + s.substr(b);
-      const std::string tmp = write_path + ".tmp";
-      std::ofstream(tmp) << s;
-      std::rename(tmp.c_str(), write_path.c_str());
-      fmt::print("wrote the fitted constants into {}\n", write_path);
-    }
+    const bool failed = fit_and_report(rows, fitted, o);
+    show_candidates(rows, fitted, o.show);
+    if (!o.write_path.empty()) write_params(o.write_path, fitted);
     if (failed) return 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "normjit_fit_model: {}\n", e.what());

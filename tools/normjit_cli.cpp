@@ -30,24 +30,25 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "autotune.hpp"
-#include "kernel_clock.hpp"
-#include "cache_migrate.hpp"
-#include "config_model.hpp"
-#include "config_grid.hpp"
+#include "tuning/autotune.hpp"
+#include "device/kernel_clock.hpp"
+#include "tuning/cache_migrate.hpp"
+#include "config/config_model.hpp"
+#include "config/config_grid.hpp"
 #include "grid.hpp"
-#include "check.hpp"
-#include "driver.hpp"
-#include "host_dtype.hpp"
-#include "kernel_sources.hpp"
-#include "nvrtc.hpp"
-#include "ops.hpp"
-#include "trace.hpp"
-#include "reference.hpp"
-#include "shapes.hpp"
-#include "specialization.hpp"
-#include "tensors.hpp"
-#include "tuned_cache.hpp"
+#include "tuning/check.hpp"
+#include "device/driver.hpp"
+#include "core/host_dtype.hpp"
+#include "compile/kernel_sources.hpp"
+#include "compile/nvrtc.hpp"
+#include "runtime/ops.hpp"
+#include "core/trace.hpp"
+#include "core/reference.hpp"
+#include "models/model_norms.hpp"
+#include "compile/specialization.hpp"
+#include "core/tensors.hpp"
+#include "tuning/tuned_cache.hpp"
+#include "core/variant.hpp"
 
 using namespace normjit;
 using namespace normjit::detail;
@@ -207,6 +208,100 @@ std::vector<double> time_configs(Op op, const NormDesc& d, const std::vector<Lau
   return med;
 }
 
+// Counts and results of one `normjit tune` run (not --grid).
+struct TuneTally {
+  nlohmann::json rows = nlohmann::json::array();  // --vs-untuned's comparisons
+  std::map<std::string, std::string> tuned_here;  // cache key -> the shape tuned for it in this run
+  int tuned = 0, skipped = 0, failed = 0;
+};
+
+// Whether `op` on `w` needs no tuning: its cache key was tuned earlier in this
+// run or, for a --model shape unless `force` (--retune or --vs-untuned), it
+// has a current tuned entry. Prints why and counts it when skipped.
+bool skip_cached(Engine& engine, const Work& w, Op op, const std::string& key, bool force, TuneTally& t) {
+  if (auto it = t.tuned_here.find(key); it != t.tuned_here.end()) {
+    fmt::print("        skipped (cached): same cache key as {}, tuned in this run\n", it->second);
+    ++t.skipped;
+    return true;
+  }
+  if (w.norm && !force) {
+    const ConfigExplanation x = engine.explain(op, w.shape.desc);
+    if (is_cache_hit(x.source)) {
+      fmt::print("        skipped (cached): {} {} {:.2f} us in the {} (--retune tunes it again)\n", key,
+                 x.config.str(), x.entry_us, config_source_name(x.source));
+      ++t.skipped;
+      return true;
+    }
+  }
+  return false;
+}
+
+void print_tuned(const TuneResult& r, double secs) {
+  int passed = 0;
+  for (const auto& c : r.candidates) passed += c.median_us > 0;
+  fmt::print("        tuned: winner {} {:.2f} us ({} of {} candidates passed, {:.1f} s){}\n", r.winner.str(),
+             r.winner_us, passed, r.candidates.size(), secs,
+             r.winner == r.model ? " = the config model's"
+             : r.model_us > 0    ? fmt::format("; the model's {} {:.2f} us", r.model.str(), r.model_us)
+                                 : "");
+}
+
+// Every candidate's tuned time: lets a new rule be scored offline.
+nlohmann::json candidate_times(const TuneResult& r) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& c : r.candidates)
+    if (c.median_us > 0) a.push_back({c.config.str(), c.median_us});
+  return a;
+}
+
+// --vs-untuned: times the untuned config against the fastest candidate of the
+// whole grid, prints the ratio and returns it as a JSON row.
+nlohmann::json compare_untuned(Op op, const NamedShape& s, const TuneResult& r, const ConfigExplanation& untuned,
+                               double secs, KernelCache& jit) {
+  // Against the fastest candidate of the whole grid (before the model's
+  // config is preferred within 2%): the model's gap, not the rule's.
+  const int best = pick_winner(r.candidates);
+  const LaunchConfig fastest = best >= 0 ? r.candidates[best].config : r.winner;
+  const auto t = time_configs(op, s.desc, {fastest, untuned.config}, jit);
+  fmt::print("        untuned: {} {} {:.2f} us vs tuned {:.2f} us: {:.3f}x\n", config_source_name(untuned.source),
+             untuned.config.str(), t[1], t[0], t[1] / t[0]);
+  return {{"shape", s.name}, {"op", op_label(op, s.desc.norm)}, {"key", r.shape_key},
+          {"tuned", fastest.str()}, {"tuned_us", t[0]}, {"untuned", untuned.config.str()},
+          {"untuned_source", config_source_name(untuned.source)}, {"untuned_from", untuned.from_key},
+          {"untuned_us", t[1]}, {"ratio", t[1] / t[0]}, {"tune_seconds", secs},
+          {"candidates", r.candidates.size()}, {"all", candidate_times(r)}};
+}
+
+// Tunes `op` on `s` and prints the winner (and, with --vs-untuned, the
+// comparison); a failure is printed and counted.
+void tune_one(Engine& engine, Op op, const NamedShape& s, const std::string& key, bool vs_untuned, bool whole_grid,
+              KernelCache& jit, TuneTally& t) {
+  try {
+    // What the shape would run were it not tuned: resolved before tuning it.
+    const ConfigExplanation untuned = engine.explain(op, s.desc, /*skip_exact=*/true);
+    const auto t0 = std::chrono::steady_clock::now();
+    const TuneResult r = engine.tune(op, s.desc, whole_grid || vs_untuned);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    print_tuned(r, secs);
+    ++t.tuned;
+    t.tuned_here.emplace(key, s.name);
+    if (vs_untuned) t.rows.push_back(compare_untuned(op, s, r, untuned, secs, jit));
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::InvalidArgument) throw;  // a bad shape: a bad command line
+    // A failure of one shape (no candidate passed, a driver error) does
+    // not stop the others; the exit code reports it.
+    fmt::print("        FAILED: {}\n", e.what());
+    ++t.failed;
+  }
+}
+
+void write_tune_json(const std::string& json_path, const nlohmann::json& rows) {
+  const DeviceInfo dev = device_info(current_device());
+  nlohmann::json j = {{"gpu", dev.name}, {"sm_count", dev.sm_count}, {"timing", timing_method()}, {"rows", rows}};
+  std::ofstream(json_path) << j.dump(1) << "\n";
+  fmt::print("wrote {}\n", json_path);
+}
+
 // Tunes each shape and op. A --model's shapes are a pre-warm: those with a
 // current tuned entry for this device and kernel source (user or shipped
 // cache, or tuned earlier in this run under the same cache key) are skipped
@@ -219,9 +314,8 @@ int cmd_tune(Engine& engine, const ShapeOptions& so, bool vs_untuned, const std:
   int total = 0;
   for (const auto& w : res.work) total += static_cast<int>(w.ops.size());
   KernelCache jit(engine.cache_dir() + "/kernels");
-  nlohmann::json rows = nlohmann::json::array();
-  std::map<std::string, std::string> tuned_here;  // cache key -> the shape tuned for it in this run
-  int i = 0, tuned = 0, skipped = 0, failed = 0;
+  TuneTally t;
+  int i = 0;
   for (const auto& w : res.work)
     for (Op op : w.ops) {
       const NamedShape& s = w.shape;
@@ -229,72 +323,168 @@ int cmd_tune(Engine& engine, const ShapeOptions& so, bool vs_untuned, const std:
       fmt::print("[{}/{}] {} {} {}\n", i, total, op_label(op, s.desc.norm), s.name, s.desc.str());
       std::fflush(stdout);
       const std::string key = shape_key(op, s.desc);
-      if (auto it = tuned_here.find(key); it != tuned_here.end()) {
-        fmt::print("        skipped (cached): same cache key as {}, tuned in this run\n", it->second);
-        ++skipped;
-        continue;
-      }
-      if (w.norm && !retune && !vs_untuned) {
-        const ConfigExplanation x = engine.explain(op, s.desc);
-        if (x.source == ConfigSource::UserCache || x.source == ConfigSource::ShippedCache ||
-            x.source == ConfigSource::Memory) {
-          fmt::print("        skipped (cached): {} {} {:.2f} us in the {} (--retune tunes it again)\n", key,
-                     x.config.str(), x.entry_us, config_source_name(x.source));
-          ++skipped;
-          continue;
-        }
-      }
-      try {
-        // What the shape would run were it not tuned: resolved before tuning it.
-        const ConfigExplanation untuned = engine.explain(op, s.desc, /*skip_exact=*/true);
-        const auto t0 = std::chrono::steady_clock::now();
-        const TuneResult r = engine.tune(op, s.desc, whole_grid || vs_untuned);
-        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        int passed = 0;
-        for (const auto& c : r.candidates) passed += c.median_us > 0;
-        fmt::print("        tuned: winner {} {:.2f} us ({} of {} candidates passed, {:.1f} s){}\n", r.winner.str(),
-                   r.winner_us, passed, r.candidates.size(), secs,
-                   r.winner == r.model ? " = the config model's"
-                   : r.model_us > 0    ? fmt::format("; the model's {} {:.2f} us", r.model.str(), r.model_us)
-                                       : "");
-        ++tuned;
-        tuned_here.emplace(key, s.name);
-        if (!vs_untuned) continue;
-        // Against the fastest candidate of the whole grid (before the model's
-        // config is preferred within 2%): the model's gap, not the rule's.
-        const int best = pick_winner(r.candidates);
-        const LaunchConfig fastest = best >= 0 ? r.candidates[best].config : r.winner;
-        const auto t = time_configs(op, s.desc, {fastest, untuned.config}, jit);
-        fmt::print("        untuned: {} {} {:.2f} us vs tuned {:.2f} us: {:.3f}x\n", config_source_name(untuned.source),
-                   untuned.config.str(), t[1], t[0], t[1] / t[0]);
-        rows.push_back({{"shape", s.name}, {"op", op_label(op, s.desc.norm)}, {"key", r.shape_key},
-                        {"tuned", fastest.str()}, {"tuned_us", t[0]}, {"untuned", untuned.config.str()},
-                        {"untuned_source", config_source_name(untuned.source)}, {"untuned_from", untuned.from_key},
-                        {"untuned_us", t[1]}, {"ratio", t[1] / t[0]}, {"tune_seconds", secs},
-                        {"candidates", r.candidates.size()}, {"all", [&] {
-                           // Every candidate's tuned time: lets a new rule be scored offline.
-                           nlohmann::json a = nlohmann::json::array();
-                           for (const auto& c : r.candidates)
-                             if (c.median_us > 0) a.push_back({c.config.str(), c.median_us});
-                           return a;
-                         }()}});
-      } catch (const Error& e) {
-        if (e.kind() == ErrorKind::InvalidArgument) throw;  // a bad shape: a bad command line
-        // A failure of one shape (no candidate passed, a driver error) does
-        // not stop the others; the exit code reports it.
-        fmt::print("        FAILED: {}\n", e.what());
-        ++failed;
-      }
+      if (skip_cached(engine, w, op, key, retune || vs_untuned, t)) continue;
+      tune_one(engine, op, s, key, vs_untuned, whole_grid, jit, t);
     }
-  fmt::print("tune: {} tuned, {} skipped (cached), {} failed; tuned configs stored in {}/tuned\n", tuned, skipped,
-             failed, engine.cache_dir());
-  if (!json_path.empty()) {
-    const DeviceInfo dev = device_info(current_device());
-    nlohmann::json j = {{"gpu", dev.name}, {"sm_count", dev.sm_count}, {"timing", timing_method()}, {"rows", rows}};
-    std::ofstream(json_path) << j.dump(1) << "\n";
-    fmt::print("wrote {}\n", json_path);
+  fmt::print("tune: {} tuned, {} skipped (cached), {} failed; tuned configs stored in {}/tuned\n", t.tuned, t.skipped,
+             t.failed, engine.cache_dir());
+  if (!json_path.empty()) write_tune_json(json_path, t.rows);
+  return t.failed ? 1 : 0;
+}
+
+// tune --grid --list: the grid's shapes. Needs no GPU.
+int list_grid(const tools::Grid& grid) {
+  for (const auto& g : grid.groups)
+    for (auto m : g.Ms) fmt::print("{} {}\n", g.op == Op::Forward ? "fwd" : "bwd", g.spec(m));
+  fmt::print("{} N values, {} groups, {} entries\n", grid.N.size(), grid.groups.size(), grid.entries());
+  return 0;
+}
+
+// The metadata the tuned entries of this run are stored with.
+CacheMetadata current_metadata() {
+  int driver = 0;
+  cu().cuDriverGetVersion(&driver);
+  return {NORMJIT_VERSION_STRING, kernel_source_hash(), nvrtc().version, driver};
+}
+
+// The entries of tuned-cache `file` that are current (not stale), when the
+// file is this device's.
+std::map<std::string, TunedEntry> current_entries(const std::string& file, const DeviceFingerprint& fp) {
+  std::map<std::string, TunedEntry> done;
+  if (auto f = read_tuned_cache_file(file, default_warn); f && f->device.key() == fp.key())
+    for (auto& [k, e] : f->entries)
+      if (entry_staleness(k, e).empty()) done.emplace(k, std::move(e));
+  return done;
+}
+
+// One `tune --grid` run: what its worker threads share.
+struct GridRun {
+  GridRun(Engine& engine, const tools::Grid& g, double limit_s)
+      : grid(g),
+        max_seconds(limit_s),
+        dev(device_info(current_device())),
+        fp{dev.name, dev.cc_major, dev.cc_minor, dev.sm_count, dev.l2_bytes, dev.memory_gbps},
+        md(current_metadata()),
+        file(engine.cache_dir() + "/tuned/" + fp.slug() + ".json"),
+        done(current_entries(file, fp)),
+        last_merge(elapsed()),
+        jit(engine.cache_dir() + "/kernels") {}
+
+  double elapsed() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+
+  // Merges the entries tuned since the last merge into the user cache.
+  void flush_pending() {
+    if (pending.empty()) return;
+    merge_into_tuned_cache_file(file, fp, md, pending, 60000);
+    pending.clear();
+    last_merge = elapsed();
   }
-  return failed ? 1 : 0;
+
+  const tools::Grid& grid;
+  const double max_seconds;
+  const std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  const DeviceInfo dev;
+  const DeviceFingerprint fp;
+  const CacheMetadata md;
+  const std::string file;
+  const std::map<std::string, TunedEntry> done;  // current before this run
+  std::map<std::string, TunedEntry> pending;     // tuned, not merged yet
+  double last_merge;
+  KernelCache jit;
+  std::size_t tuned = 0, skipped = 0, failed = 0, idx = 0;
+  bool stopped = false;
+  std::mutex mu;  // guards the counters, pending, printing and merging
+  std::atomic<std::size_t> next{0};
+};
+
+// The M values of group `g` (its shape `big` but for M) with no current entry.
+std::vector<std::int64_t> pending_Ms(const tools::GridGroup& g, const NormDesc& big,
+                                     const std::map<std::string, TunedEntry>& done) {
+  std::vector<std::int64_t> todo;
+  for (auto m : g.Ms) {
+    NormDesc d = big;
+    d.M = m;
+    if (!done.count(shape_key(g.op, d))) todo.push_back(m);
+  }
+  return todo;
+}
+
+// Stores a grid shape's tuning result as pending and prints it.
+void record_grid_result(GridRun& run, const tools::GridGroup& g, const NormDesc& d, TuneResult& r) {
+  // The record keeps the eight fastest candidates and every rejection.
+  sort_by_time(r.candidates);
+  std::vector<CandidateTiming> keep;
+  for (const auto& c : r.candidates)
+    if (c.median_us <= 0 || keep.size() < 8) keep.push_back(c);
+  std::lock_guard<std::mutex> lk(run.mu);
+  run.pending[r.shape_key] = TunedEntry{shape_spec(d), tuned_kernel_hash(g.op, d, r.winner), r.winner, r.winner_us,
+                                        utc_now(), keep};
+  ++run.tuned;
+  fmt::print("[{}/{} {:.0f}s] {} {} -> {} {:.2f} us ({} timed)\n", run.idx, run.grid.entries(), run.elapsed(),
+             g.op == Op::Forward ? "fwd" : "bwd", g.spec(d.M), r.winner.str(), r.winner_us, r.candidates.size());
+}
+
+// Tunes the M values `todo` of group `g` by local search, each from the
+// previous one's winner, sharing one scratch and the checks already passed.
+void tune_grid_group(GridRun& run, const tools::GridGroup& g, const NormDesc& big,
+                     const std::vector<std::int64_t>& todo) {
+  std::unique_ptr<Scratch> scratch;
+  try {
+    {
+      std::lock_guard<std::mutex> gpu(gpu_mutex());
+      scratch = std::make_unique<Scratch>(g.op, big, 0x5eed0000u + static_cast<std::uint64_t>(big.N));
+    }
+    std::set<std::string> checked;
+    std::optional<LaunchConfig> start;
+    for (auto m : todo) {
+      NormDesc d = big;
+      d.M = m;
+      TuneOptions o;
+      o.local = true;
+      o.reps = 10;
+      o.check_elements = std::int64_t{1} << 18;
+      o.checked = &checked;
+      o.scratch = scratch.get();
+      if (start && config_valid(g.op, d, *start, nullptr, run.dev.max_cluster)) o.start = start;
+      TuneResult r = autotune(g.op, d, run.dev, run.jit, {}, o);
+      start = r.winner;
+      record_grid_result(run, g, d, r);
+    }
+  } catch (const Error& e) {
+    std::lock_guard<std::mutex> lk(run.mu);
+    ++run.failed;
+    fmt::print(stderr, "normjit: {} {}: {}\n", g.op == Op::Forward ? "fwd" : "bwd", g.spec(g.Ms.back()), e.what());
+  }
+  {
+    std::lock_guard<std::mutex> gpu(gpu_mutex());
+    scratch.reset();
+  }
+}
+
+// Several groups at once: one compiles while another times (the tuners
+// take turns on the GPU through gpu_mutex()).
+void grid_worker(GridRun& run) {
+  current_device();  // the primary context, current on this thread
+  for (std::size_t gi; (gi = run.next++) < run.grid.groups.size();) {
+    const auto& g = run.grid.groups[gi];
+    if (run.elapsed() > run.max_seconds) {
+      std::lock_guard<std::mutex> lk(run.mu);
+      run.stopped = true;
+      break;
+    }
+    const NormDesc big = parse_shape_spec(g.spec(g.Ms.back())).desc;
+    const std::vector<std::int64_t> todo = pending_Ms(g, big, run.done);
+    {
+      std::lock_guard<std::mutex> lk(run.mu);
+      run.skipped += g.Ms.size() - todo.size();
+      run.idx += g.Ms.size();
+    }
+    if (todo.empty()) continue;
+    tune_grid_group(run, g, big, todo);
+    std::lock_guard<std::mutex> lk(run.mu);
+    std::fflush(stdout);
+    if (run.elapsed() - run.last_merge > 30) run.flush_pending();
+  }
 }
 
 // Tunes every shape of a grid file by local search, sharing compiled
@@ -303,115 +493,17 @@ int cmd_tune(Engine& engine, const ShapeOptions& so, bool vs_untuned, const std:
 // user cache are skipped, so a stopped run resumes.
 int cmd_tune_grid(Engine& engine, const std::string& grid_path, bool list, double max_seconds, int workers) {
   const tools::Grid grid = tools::read_grid(grid_path);
-  if (list) {
-    for (const auto& g : grid.groups)
-      for (auto m : g.Ms) fmt::print("{} {}\n", g.op == Op::Forward ? "fwd" : "bwd", g.spec(m));
-    fmt::print("{} N values, {} groups, {} entries\n", grid.N.size(), grid.groups.size(), grid.entries());
-    return 0;
-  }
+  if (list) return list_grid(grid);
   if (!require_gpu("tuning")) return kExitNoGpu;
-  const auto t0 = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  const DeviceInfo dev = device_info(current_device());
-  const DeviceFingerprint fp{dev.name, dev.cc_major, dev.cc_minor, dev.sm_count, dev.l2_bytes, dev.memory_gbps};
-  int driver = 0;
-  cu().cuDriverGetVersion(&driver);
-  const CacheMetadata md{NORMJIT_VERSION_STRING, kernel_source_hash(), nvrtc().version, driver};
-  const std::string file = engine.cache_dir() + "/tuned/" + fp.slug() + ".json";
-  std::map<std::string, TunedEntry> done;
-  if (auto f = read_tuned_cache_file(file, default_warn); f && f->device.key() == fp.key())
-    for (auto& [k, e] : f->entries)
-      if (entry_staleness(k, e).empty()) done.emplace(k, std::move(e));
-  std::map<std::string, TunedEntry> pending;
-  auto last_merge = elapsed();
-  auto flush_pending = [&] {
-    if (pending.empty()) return;
-    merge_into_tuned_cache_file(file, fp, md, pending, 60000);
-    pending.clear();
-    last_merge = elapsed();
-  };
-  KernelCache jit(engine.cache_dir() + "/kernels");
-  std::size_t tuned = 0, skipped = 0, failed = 0, idx = 0;
-  bool stopped = false;
-  std::mutex mu;  // guards the counters, pending, printing and merging
-  std::atomic<std::size_t> next{0};
-  // Several groups at once: one compiles while another times (the tuners
-  // take turns on the GPU through gpu_mutex()).
-  auto worker = [&] {
-    current_device();  // the primary context, current on this thread
-    for (std::size_t gi; (gi = next++) < grid.groups.size();) {
-      const auto& g = grid.groups[gi];
-      if (elapsed() > max_seconds) {
-        std::lock_guard<std::mutex> lk(mu);
-        stopped = true;
-        break;
-      }
-      NormDesc big = parse_shape_spec(g.spec(g.Ms.back())).desc;
-      std::vector<std::int64_t> todo;
-      for (auto m : g.Ms) {
-        NormDesc d = big;
-        d.M = m;
-        if (!done.count(shape_key(g.op, d))) todo.push_back(m);
-      }
-      {
-        std::lock_guard<std::mutex> lk(mu);
-        skipped += g.Ms.size() - todo.size();
-        idx += g.Ms.size();
-      }
-      if (todo.empty()) continue;
-      std::unique_ptr<Scratch> scratch;
-      try {
-        {
-          std::lock_guard<std::mutex> gpu(gpu_mutex());
-          scratch = std::make_unique<Scratch>(g.op, big, 0x5eed0000u + static_cast<std::uint64_t>(big.N));
-        }
-        std::set<std::string> checked;
-        std::optional<LaunchConfig> start;
-        for (auto m : todo) {
-          NormDesc d = big;
-          d.M = m;
-          TuneOptions o;
-          o.local = true;
-          o.reps = 10;
-          o.check_elements = std::int64_t{1} << 18;
-          o.checked = &checked;
-          o.scratch = scratch.get();
-          if (start && config_valid(g.op, d, *start, nullptr, dev.max_cluster)) o.start = start;
-          TuneResult r = autotune(g.op, d, dev, jit, {}, o);
-          start = r.winner;
-          // The record keeps the eight fastest candidates and every rejection.
-          sort_by_time(r.candidates);
-          std::vector<CandidateTiming> keep;
-          for (const auto& c : r.candidates)
-            if (c.median_us <= 0 || keep.size() < 8) keep.push_back(c);
-          std::lock_guard<std::mutex> lk(mu);
-          pending[r.shape_key] = TunedEntry{shape_spec(d), tuned_kernel_hash(g.op, d, r.winner), r.winner, r.winner_us,
-                                            utc_now(), keep};
-          ++tuned;
-          fmt::print("[{}/{} {:.0f}s] {} {} -> {} {:.2f} us ({} timed)\n", idx, grid.entries(), elapsed(),
-                     g.op == Op::Forward ? "fwd" : "bwd", g.spec(m), r.winner.str(), r.winner_us, r.candidates.size());
-        }
-      } catch (const Error& e) {
-        std::lock_guard<std::mutex> lk(mu);
-        ++failed;
-        fmt::print(stderr, "normjit: {} {}: {}\n", g.op == Op::Forward ? "fwd" : "bwd", g.spec(g.Ms.back()), e.what());
-      }
-      {
-        std::lock_guard<std::mutex> gpu(gpu_mutex());
-        scratch.reset();
-      }
-      std::lock_guard<std::mutex> lk(mu);
-      std::fflush(stdout);
-      if (elapsed() - last_merge > 30) flush_pending();
-    }
-  };
+  GridRun run(engine, grid, max_seconds);
   std::vector<std::thread> pool;
-  for (int w = 0; w < workers; ++w) pool.emplace_back(worker);
+  for (int w = 0; w < workers; ++w) pool.emplace_back([&run] { grid_worker(run); });
   for (auto& t : pool) t.join();
-  flush_pending();
-  fmt::print("grid {}: {} tuned, {} already current, {} groups failed, {:.0f} s{}; stored in {}\n", grid_path, tuned,
-             skipped, failed, elapsed(), stopped ? " (stopped at --max-seconds; run again to resume)" : "", file);
-  return failed ? 1 : 0;
+  run.flush_pending();
+  fmt::print("grid {}: {} tuned, {} already current, {} groups failed, {:.0f} s{}; stored in {}\n", grid_path,
+             run.tuned, run.skipped, run.failed, run.elapsed(),
+             run.stopped ? " (stopped at --max-seconds; run again to resume)" : "", run.file);
+  return run.failed ? 1 : 0;
 }
 
 // Where each shape's config comes from, and the candidates' times when known.
@@ -444,7 +536,7 @@ int cmd_explain(Engine& engine, const ShapeOptions& so, const std::string& devic
   for (const auto& w : shapes.work)
     for (Op op : w.ops) {
       const NamedShape& s = w.shape;
-      const ConfigExplanation x = offline ? explain_config(*offline, op, s.desc, facts, TunePolicy::Never, false)
+      const ConfigExplanation x = offline ? config_from_caches(*offline, op, s.desc, facts, TunePolicy::Never, false)
                                           : engine.explain(op, s.desc);
       fmt::print("{} {}\n  key:     {}\n  config:  {}\n  source:  {}\n  reason:  {}\n", op_label(op, s.desc.norm),
                  s.name, x.shape_key, x.config.str(), config_source_name(x.source), x.reason);
@@ -743,125 +835,184 @@ int cmd_cache_prune(const std::vector<std::string>& files, bool write) {
   return 0;
 }
 
-int main(int argc, char** argv) {
-  KernelClock::prefer_cupti();  // tune and bench time kernels as profilers do (kernel_clock.hpp)
-  CLI::App app{"normjit: run-time compiled RMSNorm and LayerNorm kernels (NVRTC + CUDA Driver API): tune, benchmark, precompile"};
-  app.set_version_flag("--version", std::string("normjit ") + NORMJIT_VERSION_STRING);
-  app.require_subcommand(1);
+// ---- command line -----------------------------------------------------------
+
+namespace {
+
+// The options before the subcommand.
+struct GlobalArgs {
   bool verbose = false;
   std::string cache_dir;
-  app.add_flag("-v,--verbose", verbose, "Show tuning progress per candidate");
-  app.add_option("--cache-dir", cache_dir, "User cache directory (default $NORMJIT_CACHE_DIR, $XDG_CACHE_HOME/normjit)");
   std::string trace_file;
-  app.add_option("--trace", trace_file,
+};
+
+void add_global_options(CLI::App& app, GlobalArgs& a) {
+  app.add_flag("-v,--verbose", a.verbose, "Show tuning progress per candidate");
+  app.add_option("--cache-dir", a.cache_dir,
+                 "User cache directory (default $NORMJIT_CACHE_DIR, $XDG_CACHE_HOME/normjit)");
+  app.add_option("--trace", a.trace_file,
                  "Write a Chrome trace (Trace Event Format JSON) of compiles, cache hits and misses, tuning and "
                  "launches to this file at exit (as $NORMJIT_TRACE)");
+}
 
-  ShapeOptions tune_o, bench_o, compile_o;
-  auto* tune = app.add_subcommand("tune", "Autotune shapes on this GPU and store the winners in the user cache");
-  add_shape_options(tune, tune_o);
-  bool vs_untuned = false, grid_list = false, whole_grid = false;
-  std::string tune_json, grid_path;
+struct TuneArgs {
+  CLI::App* cmd = nullptr;
+  ShapeOptions shapes;
+  bool vs_untuned = false, list = false, whole_grid = false, retune = false;
+  std::string json, grid;
   double max_seconds = 1e9;
-  tune->add_flag("--vs-untuned", vs_untuned,
+  int workers = 4;
+};
+
+void add_tune_command(CLI::App& app, TuneArgs& a) {
+  auto* tune = app.add_subcommand("tune", "Autotune shapes on this GPU and store the winners in the user cache");
+  a.cmd = tune;
+  add_shape_options(tune, a.shapes);
+  tune->add_flag("--vs-untuned", a.vs_untuned,
                  "Also time the config the shape gets untuned (the config model's) against the fastest candidate of the "
                  "whole grid, in alternating rounds (implies --whole-grid)");
-  tune->add_flag("--whole-grid", whole_grid,
+  tune->add_flag("--whole-grid", a.whole_grid,
                  "Time every candidate (default: a local search from the config model's config)");
-  tune->add_option("--json", tune_json, "With --vs-untuned: write the comparison as JSON");
-  tune->add_option("--grid", grid_path, "Tune every shape of a grid file (autotune_cache/grid/grid.json) by local search")
+  tune->add_option("--json", a.json, "With --vs-untuned: write the comparison as JSON");
+  tune->add_option("--grid", a.grid, "Tune every shape of a grid file (autotune_cache/grid/grid.json) by local search")
       ->check(CLI::ExistingFile);
-  int grid_workers = 4;
-  tune->add_option("--workers", grid_workers, "With --grid: shapes tuned at once (compiles overlap timing; timing is serial)")
+  tune->add_option("--workers", a.workers,
+                   "With --grid: shapes tuned at once (compiles overlap timing; timing is serial)")
       ->check(CLI::Range(1, 64));
-  tune->add_flag("--list", grid_list,
+  tune->add_flag("--list", a.list,
                  "Print the shapes (with --model: each norm, its ops and the config keys it came from; with --grid: "
                  "the grid's shapes) and stop; no GPU needed");
-  bool retune = false;
-  tune->add_flag("--retune", retune,
+  tune->add_flag("--retune", a.retune,
                  "With --model: tune every shape, also those with a current tuned entry for this GPU (skipped otherwise)");
-  tune->add_option("--max-seconds", max_seconds, "With --grid: stop starting new shapes after this long")
+  tune->add_option("--max-seconds", a.max_seconds, "With --grid: stop starting new shapes after this long")
       ->check(CLI::PositiveNumber);
+}
 
-  ShapeOptions explain_o;
+struct ExplainArgs {
+  CLI::App* cmd = nullptr;
+  ShapeOptions shapes;
+  std::string device;
+};
+
+void add_explain_command(CLI::App& app, ExplainArgs& a) {
   auto* explain = app.add_subcommand(
       "explain", "Print the config each shape resolves to, where it comes from (tuned, shipped, neighbour, heuristic) and why");
-  add_shape_options(explain, explain_o);
-  std::string explain_device;
-  explain->add_option("--device", explain_device,
+  a.cmd = explain;
+  add_shape_options(explain, a.shapes);
+  explain->add_option("--device", a.device,
                       "Explain for this device without a GPU: a tuned-cache file's name without .json, e.g. "
                       "nvidia-h100-80gb-hbm3.cc90.132sm.50mib");
+}
 
-  auto* bench = app.add_subcommand("bench", "Time shapes with their current configs: us, GB/s, SOL% against a device copy");
-  add_shape_options(bench, bench_o);
-  std::string json_path;
+struct BenchArgs {
+  CLI::App* cmd = nullptr;
+  ShapeOptions shapes;
+  std::string json;
   int reps = 50;
   bool no_check = false;
-  bench->add_option("--json", json_path, "Also write the results as JSON");
-  bench->add_option("--reps", reps, "Timed repetitions (median)")->check(CLI::Range(10, 100000));
-  bench->add_flag("--no-check", no_check, "Skip the float64 CPU reference check");
+};
 
-  auto* compile = app.add_subcommand("compile", "Compile every grid variant into the kernel cache (NVRTC only, no GPU)");
-  add_shape_options(compile, compile_o);
+void add_bench_command(CLI::App& app, BenchArgs& a) {
+  auto* bench = app.add_subcommand("bench", "Time shapes with their current configs: us, GB/s, SOL% against a device copy");
+  a.cmd = bench;
+  add_shape_options(bench, a.shapes);
+  bench->add_option("--json", a.json, "Also write the results as JSON");
+  bench->add_option("--reps", a.reps, "Timed repetitions (median)")->check(CLI::Range(10, 100000));
+  bench->add_flag("--no-check", a.no_check, "Skip the float64 CPU reference check");
+}
+
+struct CompileArgs {
+  CLI::App* cmd = nullptr;
+  ShapeOptions shapes;
   std::string arch = "sm_90";
-  compile->add_option("--arch", arch, "Target architecture, e.g. sm_90")->check(CLI::Validator(
+};
+
+void add_compile_command(CLI::App& app, CompileArgs& a) {
+  auto* compile = app.add_subcommand("compile", "Compile every grid variant into the kernel cache (NVRTC only, no GPU)");
+  a.cmd = compile;
+  add_shape_options(compile, a.shapes);
+  compile->add_option("--arch", a.arch, "Target architecture, e.g. sm_90")->check(CLI::Validator(
       [](std::string& s) { return s.size() >= 5 && s.rfind("sm_", 0) == 0 && s.find_first_not_of("0123456789a", 3) == std::string::npos ? std::string() : "expected sm_<digits>, e.g. sm_90"; },
       "sm_XY"));
+}
 
-  auto* cache = app.add_subcommand("cache", "Inspect or clear the tuned-config and kernel caches");
-  cache->require_subcommand(1);
-  auto* cache_list = cache->add_subcommand("list", "List tuned-cache files (user and shipped) and compiled kernels");
-  auto* cache_show = cache->add_subcommand("show", "Show the entries of tuned-cache files");
+struct CacheArgs {
+  CLI::App *list = nullptr, *show = nullptr, *clear = nullptr, *migrate = nullptr, *prune = nullptr;
   std::string show_file;
-  cache_show->add_option("--file", show_file, "A tuned-cache file (default: every file of the user cache)");
-  auto* cache_clear = cache->add_subcommand("clear", "Remove the user cache's tuned configs and compiled kernels");
-  auto* cache_migrate = cache->add_subcommand(
-      "migrate", "Renew tuned entries whose kernels compile to the same machine code from the current templates "
-                 "as from the templates they were tuned with (NVRTC only, no GPU)");
   std::string old_kernels, migrate_arch = "sm_90";
   std::vector<std::string> migrate_files;
   bool migrate_dry = false;
-  cache_migrate->add_option("--old-kernels", old_kernels, "Directory of the kernels_src/*.cuh the entries were tuned with")
-      ->required()->check(CLI::ExistingDirectory);
-  cache_migrate->add_option("--arch", migrate_arch, "Architecture to compare the machine code for");
-  cache_migrate->add_flag("--dry-run", migrate_dry, "Report only; write nothing");
-  cache_migrate->add_option("files", migrate_files, "Tuned-cache files")->required()->check(CLI::ExistingFile);
-  auto* cache_prune = cache->add_subcommand(
-      "prune", "Drop the entries whose winner is no faster than the config model's config by > 2% (their own timings)");
   std::vector<std::string> prune_files;
   bool prune_dry = false;
-  cache_prune->add_flag("--dry-run", prune_dry, "Report only; write nothing");
-  cache_prune->add_option("files", prune_files, "Tuned-cache files")->required()->check(CLI::ExistingFile);
+};
 
-  auto* doctor = app.add_subcommand("doctor", "Report driver, NVRTC, devices, cache paths and what is missing");
+void add_cache_command(CLI::App& app, CacheArgs& a) {
+  auto* cache = app.add_subcommand("cache", "Inspect or clear the tuned-config and kernel caches");
+  cache->require_subcommand(1);
+  a.list = cache->add_subcommand("list", "List tuned-cache files (user and shipped) and compiled kernels");
+  a.show = cache->add_subcommand("show", "Show the entries of tuned-cache files");
+  a.show->add_option("--file", a.show_file, "A tuned-cache file (default: every file of the user cache)");
+  a.clear = cache->add_subcommand("clear", "Remove the user cache's tuned configs and compiled kernels");
+  a.migrate = cache->add_subcommand(
+      "migrate", "Renew tuned entries whose kernels compile to the same machine code from the current templates "
+                 "as from the templates they were tuned with (NVRTC only, no GPU)");
+  a.migrate->add_option("--old-kernels", a.old_kernels,
+                         "Directory of the kernels_src/*.cuh the entries were tuned with")
+      ->required()->check(CLI::ExistingDirectory);
+  a.migrate->add_option("--arch", a.migrate_arch, "Architecture to compare the machine code for");
+  a.migrate->add_flag("--dry-run", a.migrate_dry, "Report only; write nothing");
+  a.migrate->add_option("files", a.migrate_files, "Tuned-cache files")->required()->check(CLI::ExistingFile);
+  a.prune = cache->add_subcommand(
+      "prune", "Drop the entries whose winner is no faster than the config model's config by > 2% (their own timings)");
+  a.prune->add_flag("--dry-run", a.prune_dry, "Report only; write nothing");
+  a.prune->add_option("files", a.prune_files, "Tuned-cache files")->required()->check(CLI::ExistingFile);
+}
 
+// Every subcommand's options, bound to the CLI::App.
+struct CliArgs {
+  GlobalArgs global;
+  TuneArgs tune;
+  ExplainArgs explain;
+  BenchArgs bench;
+  CompileArgs compile;
+  CacheArgs cache;
+  CLI::App* doctor = nullptr;
+};
+
+EngineOptions engine_options(const CliArgs& a) {
+  EngineOptions opt = EngineOptions::from_env();
+  if (!a.global.cache_dir.empty()) opt.cache_dir = a.global.cache_dir;
+  opt.verbose = a.global.verbose || a.tune.cmd->parsed();  // tuning always shows its progress
+  // tune decides itself what to tune; explain() then reports exact cached
+  // entries whatever $NORMJIT_TUNE says (Always would hide them).
+  if (a.tune.cmd->parsed()) opt.tune_policy = TunePolicy::Never;
+  return opt;
+}
+
+// Runs the subcommand that was given.
+int dispatch(Engine& engine, const CliArgs& a) {
+  const TuneArgs& t = a.tune;
+  const CacheArgs& c = a.cache;
+  if (t.cmd->parsed() && !t.grid.empty()) return cmd_tune_grid(engine, t.grid, t.list, t.max_seconds, t.workers);
+  if (t.cmd->parsed()) return cmd_tune(engine, t.shapes, t.vs_untuned, t.json, t.retune, t.list, t.whole_grid);
+  if (a.explain.cmd->parsed()) return cmd_explain(engine, a.explain.shapes, a.explain.device);
+  if (a.bench.cmd->parsed()) return cmd_bench(engine, a.bench.shapes, a.bench.json, a.bench.reps, !a.bench.no_check);
+  if (a.compile.cmd->parsed()) return cmd_compile(engine, a.compile.shapes, a.compile.arch);
+  if (c.list->parsed()) return cmd_cache_list(engine);
+  if (c.show->parsed()) return cmd_cache_show(engine, c.show_file);
+  if (c.clear->parsed()) return cmd_cache_clear(engine);
+  if (c.migrate->parsed()) return cmd_cache_migrate(c.old_kernels, c.migrate_arch, c.migrate_files, !c.migrate_dry);
+  if (c.prune->parsed()) return cmd_cache_prune(c.prune_files, !c.prune_dry);
+  if (a.doctor->parsed()) return cmd_doctor(engine);
+  return 0;
+}
+
+// Runs the parsed command line; errors become the exit codes 1 and 2.
+int run_command(CLI::App& app, const CliArgs& a) {
+  if (!a.global.trace_file.empty()) detail::trace::open(a.global.trace_file);
   try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);  // prints help, version or the error
-    return rc == 0 ? 0 : 2;      // one exit code for every bad command line
-  }
-
-  if (!trace_file.empty()) detail::trace::open(trace_file);
-  try {
-    EngineOptions opt = EngineOptions::from_env();
-    if (!cache_dir.empty()) opt.cache_dir = cache_dir;
-    opt.verbose = verbose || tune->parsed();  // tuning always shows its progress
-    // tune decides itself what to tune; explain() then reports exact cached
-    // entries whatever $NORMJIT_TUNE says (Always would hide them).
-    if (tune->parsed()) opt.tune_policy = TunePolicy::Never;
-    Engine engine(opt);
-    if (tune->parsed() && !grid_path.empty()) return cmd_tune_grid(engine, grid_path, grid_list, max_seconds, grid_workers);
-    if (tune->parsed()) return cmd_tune(engine, tune_o, vs_untuned, tune_json, retune, grid_list, whole_grid);
-    if (explain->parsed()) return cmd_explain(engine, explain_o, explain_device);
-    if (bench->parsed()) return cmd_bench(engine, bench_o, json_path, reps, !no_check);
-    if (compile->parsed()) return cmd_compile(engine, compile_o, arch);
-    if (cache_list->parsed()) return cmd_cache_list(engine);
-    if (cache_show->parsed()) return cmd_cache_show(engine, show_file);
-    if (cache_clear->parsed()) return cmd_cache_clear(engine);
-    if (cache_migrate->parsed()) return cmd_cache_migrate(old_kernels, migrate_arch, migrate_files, !migrate_dry);
-    if (cache_prune->parsed()) return cmd_cache_prune(prune_files, !prune_dry);
-    if (doctor->parsed()) return cmd_doctor(engine);
+    Engine engine(engine_options(a));
+    return dispatch(engine, a);
   } catch (const CLI::Error& e) {
     app.exit(e);
     return 2;
@@ -872,5 +1023,29 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "normjit: {}\n", e.what());
     return 1;
   }
-  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  KernelClock::prefer_cupti();  // tune and bench time kernels as profilers do (kernel_clock.hpp)
+  CLI::App app{"normjit: run-time compiled RMSNorm and LayerNorm kernels (NVRTC + CUDA Driver API): tune, benchmark, precompile"};
+  app.set_version_flag("--version", std::string("normjit ") + NORMJIT_VERSION_STRING);
+  app.require_subcommand(1);
+  CliArgs a;
+  add_global_options(app, a.global);
+  add_tune_command(app, a.tune);
+  add_explain_command(app, a.explain);
+  add_bench_command(app, a.bench);
+  add_compile_command(app, a.compile);
+  add_cache_command(app, a.cache);
+  a.doctor = app.add_subcommand("doctor", "Report driver, NVRTC, devices, cache paths and what is missing");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // prints help, version or the error
+    return rc == 0 ? 0 : 2;      // one exit code for every bad command line
+  }
+  return run_command(app, a);
 }

@@ -10,10 +10,10 @@
 #include <cstring>
 #include <string>
 
-#include "cubin.hpp"
+#include "compile/cubin.hpp"
 #include "fuzz_common.hpp"
-#include "jit.hpp"
-#include "specialization.hpp"
+#include "compile/jit.hpp"
+#include "compile/specialization.hpp"
 
 using namespace normjit;
 using namespace normjit::detail;

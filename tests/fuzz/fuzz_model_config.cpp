@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "fuzz_common.hpp"
-#include "shapes.hpp"
+#include "models/model_norms.hpp"
 
 using namespace normjit;
 using namespace normjit::detail;

@@ -5,10 +5,11 @@
 #include <cstdint>
 #include <string>
 
-#include "config_grid.hpp"
+#include "config/config_grid.hpp"
 #include "fuzz_common.hpp"
-#include "shapes.hpp"
-#include "tuned_cache.hpp"
+#include "core/shape_spec.hpp"
+#include "tuning/tuned_cache.hpp"
+#include "core/variant.hpp"
 
 using namespace normjit;
 using namespace normjit::detail;

@@ -12,8 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include "fuzz_common.hpp"
-#include "shapes.hpp"
-#include "tuned_cache.hpp"
+#include "core/shape_spec.hpp"
+#include "tuning/tuned_cache.hpp"
+#include "core/variant.hpp"
 
 using namespace normjit;
 using namespace normjit::detail;
@@ -64,8 +65,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     cache.lookup(key);
   }
   const DeviceFacts facts = kDev.facts();
-  explain_config(cache, Op::Forward, d, facts, TunePolicy::Never, false);
-  explain_config(cache, Op::Backward, d, facts, TunePolicy::Never, true);
+  config_from_caches(cache, Op::Forward, d, facts, TunePolicy::Never, false);
+  config_from_caches(cache, Op::Backward, d, facts, TunePolicy::Never, true);
   if (data[0] % 8 == 0) {
     TunedEntry e;
     e.shape = shape_spec(d);

@@ -228,8 +228,6 @@ struct NormDesc {
 
   /// Throws Error(InvalidArgument) naming the first bad field and its value.
   void validate() const;
-  /// The FP8 fields' part of validate().
-  void validate_fp8() const;
   /// "rms 8192x4096 x=bf16 y=bf16 w=bf16" plus the variant's flags.
   std::string str() const;
   /// Element offsets between consecutive heads and tokens (0 resolved).
@@ -388,6 +386,9 @@ struct EngineOptions {
 /// produced (another shape's tuned winner; kept so the C ABI's values stay).
 enum class ConfigSource { Memory, UserCache, ShippedCache, Tuned, Heuristic, Neighbour };
 const char* config_source_name(ConfigSource s);
+/// Whether a config from `s` was tuned for its shape before this call
+/// (Memory, UserCache, ShippedCache): a cache hit, which tuning skips.
+bool is_cache_hit(ConfigSource s);
 
 /// One candidate's timing in a tuning run.
 struct CandidateTiming {
@@ -424,7 +425,9 @@ struct ConfigExplanation {
 
 class Engine {
  public:
-  explicit Engine(EngineOptions options = EngineOptions::from_env());
+  /// An engine with the options of the environment (EngineOptions::from_env).
+  Engine();
+  explicit Engine(EngineOptions options);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -473,8 +476,8 @@ class Engine {
   /// tuned entry (user cache, then shipped caches, skipping stale ones),
   /// else the config model's (ConfigSource::Heuristic). Never tunes.
   /// `skip_exact` ignores exact entries: what a shape would get were it not
-  /// tuned (the held-out check of tools/heldout.py). Needs a GPU (the
-  /// device's fingerprint selects the cache files).
+  /// tuned (the config model's own pick, to compare with a tuning run). Needs
+  /// a GPU (the device's fingerprint selects the cache files).
   ConfigExplanation explain(Op op, const NormDesc& desc, bool skip_exact = false);
 
   /// Compiles every candidate of `op`'s grid for `desc` for `arch` ("sm_90")
@@ -491,9 +494,8 @@ class Engine {
   /// Shipped tuned-cache directories searched after the user cache, in order.
   std::vector<std::string> shipped_cache_dirs() const;
 
-  struct Impl;
-
  private:
+  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

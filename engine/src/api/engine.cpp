@@ -1,0 +1,409 @@
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "tuning/autotune.hpp"
+#include "config/config_grid.hpp"
+#include "device/driver.hpp"
+#include "compile/jit.hpp"
+#include "compile/kernel_sources.hpp"
+#include "compile/nvrtc.hpp"
+#include "runtime/ops.hpp"
+#include "runtime/plan.hpp"
+#include "core/shape_spec.hpp"
+#include "compile/specialization.hpp"
+#include "core/trace.hpp"
+#include "tuning/tuned_cache.hpp"
+#include "core/parallel.hpp"
+#include "api/options.hpp"
+#include "api/tensor_rules.hpp"
+
+namespace normjit {
+
+using namespace detail;
+
+struct Engine::Impl {
+  EngineOptions opt;
+  std::string root;
+  KernelCache jit;
+
+  struct DeviceState {
+    DeviceInfo info;
+    std::unique_ptr<TunedCache> tuned;
+    std::map<std::string, LaunchConfig> resolved;  // shape key -> config, this engine
+    std::unordered_map<PlanKey, std::shared_ptr<const Plan>, PlanKeyHash> plans;  // see plan.hpp
+  };
+  // Plans of one device: every (descriptor, alignment) a process calls, up to
+  // this many; then they are dropped and rebuilt (a serving engine sees at
+  // most a few thousand token counts).
+  static constexpr std::size_t kMaxPlans = 8192;
+  std::mutex mu;
+  std::map<CUdevice, std::unique_ptr<DeviceState>> devices;
+  // Set once a device's state exists: until then no plan does, and a call
+  // need not ask the driver for its device (bad input needs no GPU).
+  std::atomic<bool> any_device{false};
+
+  explicit Impl(EngineOptions o)
+      : opt(std::move(o)),
+        root(opt.cache_dir.empty() ? default_cache_dir() : opt.cache_dir),
+        jit(!opt.disk_kernel_cache        ? std::string()
+            : opt.kernel_dir.empty() ? root + "/kernels"
+                                     : opt.kernel_dir) {}
+
+  std::vector<std::string> shipped_dirs() const {
+    std::vector<std::string> d = opt.shipped_cache_dirs;
+    if (opt.builtin_shipped_caches)
+      for (const char* builtin : {NORMJIT_SOURCE_CACHE_DIR, NORMJIT_INSTALL_CACHE_DIR})
+        if (std::filesystem::is_directory(builtin)) d.push_back(builtin);
+    return d;
+  }
+
+  // Caller holds mu.
+  DeviceState& state() { return state(current_device()); }
+  DeviceState& state(CUdevice dev) {
+    auto& st = devices[dev];
+    if (!st) {
+      st = std::make_unique<DeviceState>();
+      st->info = device_info(dev);
+      DeviceFingerprint fp{st->info.name, st->info.cc_major, st->info.cc_minor, st->info.sm_count, st->info.l2_bytes,
+                           st->info.memory_gbps};
+      int driver = 0;
+      cu().cuDriverGetVersion(&driver);
+      CacheMetadata md{NORMJIT_VERSION_STRING, kernel_source_hash(), nvrtc_version_or_empty(), driver};
+      st->tuned = std::make_unique<TunedCache>(root + "/tuned", shipped_dirs(), fp, md);
+      any_device = true;
+    }
+    return *st;
+  }
+
+  TuneResult tune_and_store(DeviceState& st, Op op, const NormDesc& d, bool whole_grid = false) {
+    ProgressFn progress;
+    if (opt.verbose)
+      progress = [&](int done, int total, const std::string& text) {
+        std::fprintf(stderr, "\rnormjit: tuning %s %s [%d/%d] %-40s", op_label(op, d.norm).c_str(), d.str().c_str(), done, total,
+                     text.c_str());
+        if (done == total) std::fprintf(stderr, "\n");
+      };
+    trace::Span span("tune", op_label(op, d.norm) + " " + d.str());
+    TuneOptions to;
+    to.local = !whole_grid;
+    TuneResult r = autotune(op, d, st.info, jit, progress, to);
+    if (trace::enabled()) {
+      span.args = {{"winner", r.winner.str()}, {"winner_us", fmt::format("{:.2f}", r.winner_us)},
+                   {"candidates", std::to_string(r.candidates.size())}};
+      for (const auto& c : r.candidates)
+        trace::instant("tune", "candidate " + c.config.str(),
+                       {{"us", fmt::format("{:.2f}", c.median_us)}, {"rejected", c.rejected}});
+    }
+    st.tuned->store(r.shape_key, TunedEntry{shape_spec(d), tuned_kernel_hash(op, d, r.winner), r.winner, r.winner_us,
+                                            utc_now(), r.candidates});
+    st.resolved[r.shape_key] = r.winner;
+    st.plans.clear();  // they hold the configs resolved before
+    return r;
+  }
+
+  std::shared_ptr<const Plan> find_plan(const PlanKey& k) {
+    // No device state yet: no plans either, and no reason to open the
+    // driver before the descriptor is checked (bad input needs no GPU).
+    if (!any_device) return nullptr;
+    const CUdevice dev = current_device();  // driver calls, outside the lock
+    std::lock_guard<std::mutex> lk(mu);
+    const auto st = devices.find(dev);
+    if (st == devices.end()) return nullptr;
+    const auto it = st->second->plans.find(k);
+    return it == st->second->plans.end() ? nullptr : it->second;
+  }
+  void store_plan(const PlanKey& k, std::shared_ptr<const Plan> p) {
+    std::lock_guard<std::mutex> lk(mu);
+    auto& plans = state().plans;
+    if (plans.size() >= kMaxPlans) plans.clear();
+    plans.emplace(k, std::move(p));
+  }
+
+  /// What a call needs to launch: the resolved config and the device's facts.
+  struct Launch {
+    LaunchConfig cfg;
+    std::string arch;
+    int sm_count = 0;
+    DeviceFacts facts;
+    ConfigSource source = ConfigSource::Heuristic;
+    std::string shape_key;  ///< shape_key(op, d): derived once a plan
+  };
+  Launch prepare(Op op, const NormDesc& d);
+  Launch begin_plan(Plan& p, Op op, const NormDesc& d);
+  std::shared_ptr<const Plan> forward_plan(const NormDesc& d, const ForwardTensors& u);
+  std::shared_ptr<const Plan> backward_plan(const NormDesc& d, const BackwardTensors* u);
+  /// Rethrows `e` (being handled) with op, shape and config attached.
+  [[noreturn]] static void attach_context(const Error& e, Op op, const NormDesc& d, const LaunchConfig& cfg);
+
+
+  // Caller holds mu. Memory, then caches (unless policy Always), then tuning
+  // (policy permitting), then a neighbour or the heuristic.
+  // `key`: shape_key(op, d), derived once by the caller.
+  LaunchConfig resolve_config(DeviceState& st, Op op, const NormDesc& d, const std::string& key, ConfigSource* src) {
+    ConfigSource s = ConfigSource::Memory;
+    LaunchConfig cfg;
+    if (auto it = st.resolved.find(key); it != st.resolved.end()) {
+      cfg = it->second;
+    } else {
+      ConfigExplanation x = config_from_caches(*st.tuned, op, d, key, st.info.facts(), opt.tune_policy, false);
+      if (is_cache_hit(x.source) || opt.tune_policy == TunePolicy::Never) {
+        cfg = x.config;
+        s = x.source;
+      } else {
+        if (offline_mode())
+          throw Error(ErrorKind::Cache,
+                      fmt::format("NORMJIT_OFFLINE=1: {} has no tuned entry in the caches and tuning is off (tune "
+                                  "policy '{}'): ship a tuned cache holding it, or use NORMJIT_TUNE=never",
+                                  key, opt.tune_policy == TunePolicy::Always ? "always" : "first"),
+                      op_label(op, d.norm), d.str());
+        cfg = tune_and_store(st, op, d).winner;
+        s = ConfigSource::Tuned;
+      }
+      st.resolved[key] = cfg;
+    }
+    if (trace::enabled())
+      trace::instant("config", std::string(is_cache_hit(s) ? "cache hit " : "cache miss ") + key,
+                     {{"source", config_source_name(s)}, {"config", cfg.str()}});
+    if (src) *src = s;
+    return cfg;
+  }
+};
+
+Engine::Engine() : Engine(EngineOptions::from_env()) {}
+Engine::Engine(EngineOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+Engine::~Engine() = default;
+
+const EngineOptions& Engine::options() const { return impl_->opt; }
+std::string Engine::cache_dir() const { return impl_->root; }
+std::vector<std::string> Engine::shipped_cache_dirs() const { return impl_->shipped_dirs(); }
+
+LaunchConfig Engine::config_for(Op op, const NormDesc& d, ConfigSource* source) {
+  d.validate();
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->resolve_config(impl_->state(), op, d, shape_key(op, d), source);
+}
+
+ConfigExplanation Engine::explain(Op op, const NormDesc& d, bool skip_exact) {
+  d.validate();
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  auto& st = impl_->state();
+  return config_from_caches(*st.tuned, op, d, st.info.facts(), impl_->opt.tune_policy, skip_exact);
+}
+
+TuneResult Engine::tune(Op op, const NormDesc& d, bool whole_grid) {
+  d.validate();
+  if (offline_mode())
+    throw Error(ErrorKind::Cache, "NORMJIT_OFFLINE=1: tuning is off", op_label(op, d.norm), d.str());
+  if (d.M == 0) throw Error(ErrorKind::InvalidArgument, "M = 0: nothing to tune", op_label(op, d.norm), d.str());
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->tune_and_store(impl_->state(), op, d, whole_grid);
+}
+
+Engine::Impl::Launch Engine::Impl::prepare(Op op, const NormDesc& d) {
+  std::lock_guard<std::mutex> lk(mu);
+  auto& st = state();
+  Launch l;
+  l.shape_key = shape_key(op, d);
+  l.cfg = resolve_config(st, op, d, l.shape_key, &l.source);
+  l.arch = st.info.arch();
+  l.sm_count = st.info.sm_count;
+  l.facts = st.info.facts();
+  return l;
+}
+
+void Engine::Impl::attach_context(const Error& e, Op op, const NormDesc& d, const LaunchConfig& cfg) {
+  if (dynamic_cast<const CompileError*>(&e) || !e.op().empty()) throw;
+  throw Error(e.kind(), e.message(), op_label(op, d.norm), d.str(), cfg.str(), e.where());
+}
+
+
+// See plan.hpp for the path this resolves once. The config, from the caches,
+// tuning or the heuristic, and what it came from.
+Engine::Impl::Launch Engine::Impl::begin_plan(Plan& p, Op op, const NormDesc& d) {
+  p.op = op;
+  p.desc = d;
+  const Launch l = prepare(op, d);
+  p.resolved = p.config = l.cfg;
+  p.source = l.source;
+  p.shape_key = l.shape_key;
+  return l;
+}
+
+std::shared_ptr<const Plan> Engine::Impl::forward_plan(const NormDesc& d, const ForwardTensors& u) {
+  constexpr Op op = Op::Forward;
+  trace::Span span("plan", "forward " + d.str());
+  auto p = std::make_shared<Plan>();
+  try {
+    const Launch l = begin_plan(*p, op, d);
+    p->config = staged_for_launch(op, d, fit_forward_alignment(l.cfg, d, u), l.facts);
+    p->kernel = jit.get(make_spec(op, d, p->config), l.arch);
+    p->geometry = launch_geometry(op, d, p->config, l.sm_count, p->kernel->blocks_per_sm);
+    p->resident = amax_grid(*p->kernel, p->geometry, l.sm_count);
+    p->layout = row_layout(d, false);
+  } catch (const Error& e) {
+    attach_context(e, op, d, p->config);
+  }
+  return p;
+}
+
+// u = null: a sizing-only plan (backward_workspace_size: no pointers yet).
+std::shared_ptr<const Plan> Engine::Impl::backward_plan(const NormDesc& d, const BackwardTensors* u) {
+  constexpr Op op = Op::Backward;
+  trace::Span span("plan", std::string(u ? "backward " : "backward sizing ") + d.str());
+  auto p = std::make_shared<Plan>();
+  try {
+    const Launch l = begin_plan(*p, op, d);
+    // The grid (and so the workspace) comes from the resolved config, the
+    // kernel from the one that fits the pointers' alignment.
+    p->geometry = backward_geometry(*jit.get(make_spec(op, d, l.cfg), l.arch), d, l.cfg, l.sm_count);
+    p->workspace_bytes = make_variant(op, d).partials() ? backward_workspace_bytes(p->geometry, d) : 0;
+    if (!u) return p;
+    const DType xt = d.normed_dtype();
+    p->config = fit_alignment(l.cfg, op, d,
+                              {{u->dy, d.dy_dtype()}, {u->x, xt}, {u->weight, d.weight_dtype}, {u->dx, d.dx_dtype()},
+                               {u->dresidual, d.residual_out_dtype}},
+                              row_strides(op, d));
+    p->kernel = jit.get(make_spec(op, d, p->config), l.arch);
+    p->finalize = jit.get(finalize_spec(d), l.arch);
+    p->layout = row_layout(d, true);
+  } catch (const Error& e) {
+    attach_context(e, op, d, p->config);
+  }
+  return p;
+}
+
+void Engine::forward(const NormDesc& d, const ForwardTensors& t, CUstream stream) {
+  // A key seen before names a descriptor that validated and pointers that
+  // met its requirements: straight to the launch.
+  const PlanKey key = plan_key(d, t);
+  std::shared_ptr<const Plan> p = impl_->find_plan(key);
+  if (!p) {
+    d.validate();
+    if (d.M == 0) return;
+    require_forward(d, t);
+    p = impl_->forward_plan(d, used_tensors(d, t));
+    impl_->store_plan(key, p);
+  }
+  if (trace::enabled()) trace::instant("launch", "forward " + p->config.str(), {{"shape", d.str()}});
+  try {
+    p->forward(used_tensors(d, t), stream);
+  } catch (const Error& e) {
+    impl_->attach_context(e, Op::Forward, d, p->config);
+  }
+}
+
+std::size_t Engine::backward_workspace_size(const NormDesc& d) {
+  const PlanKey key = plan_key(Op::Backward, d, kSizingOnly);
+  std::shared_ptr<const Plan> p = impl_->find_plan(key);
+  if (!p) {
+    d.validate();
+    if (d.M == 0 || make_variant(Op::Backward, d).partials() == 0) return 0;
+    p = impl_->backward_plan(d, nullptr);
+    impl_->store_plan(key, p);
+  }
+  return p->workspace_bytes;
+}
+
+void Engine::backward(const NormDesc& d, const BackwardTensors& t, CUstream stream) {
+  constexpr Op op = Op::Backward;
+  const PlanKey key = plan_key(d, t);
+  std::shared_ptr<const Plan> p = impl_->find_plan(key);
+  if (!p) {
+    d.validate();
+    if (d.M == 0) return;
+    require_backward(d, t);
+    const BackwardTensors u = used_tensors(d, t);
+    p = impl_->backward_plan(d, &u);
+    impl_->store_plan(key, p);
+  }
+  if (t.workspace_bytes < p->workspace_bytes)
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("workspace_bytes = {} is too small: {} needed (backward_workspace_size)", t.workspace_bytes,
+                            p->workspace_bytes),
+                op_label(op, d.norm), d.str(), p->config.str());
+  if (trace::enabled()) trace::instant("launch", "backward " + p->config.str(), {{"shape", d.str()}});
+  try {
+    p->backward(used_tensors(d, t), stream);
+  } catch (const Error& e) {
+    impl_->attach_context(e, op, d, p->config);
+  }
+}
+
+namespace {
+void require_rms(const NormDesc& d, const char* fn) {
+  if (d.norm != NormKind::RMSNorm)
+    throw Error(ErrorKind::InvalidArgument, fmt::format("{}: desc.norm = {} (use forward/backward for LayerNorm)", fn,
+                                                        norm_kind_name(d.norm)));
+}
+}  // namespace
+
+void Engine::rms_norm_forward(const NormDesc& d, const void* x, const void* weight, void* y, float* rstd,
+                              CUstream stream) {
+  require_rms(d, "rms_norm_forward");
+  ForwardTensors t;
+  t.x = x;
+  t.weight = weight;
+  t.y = y;
+  t.rstd = rstd;
+  forward(d, t, stream);
+}
+
+std::size_t Engine::rms_norm_backward_workspace_size(const NormDesc& d) {
+  require_rms(d, "rms_norm_backward_workspace_size");
+  return backward_workspace_size(d);
+}
+
+void Engine::rms_norm_backward(const NormDesc& d, const void* dy, const void* x, const void* weight,
+                               const float* rstd, void* dx, void* dweight, void* workspace,
+                               std::size_t workspace_bytes, CUstream stream) {
+  require_rms(d, "rms_norm_backward");
+  BackwardTensors t;
+  t.dy = dy;
+  t.x = x;
+  t.weight = weight;
+  t.rstd = rstd;
+  t.dx = dx;
+  t.dweight = dweight;
+  t.workspace = workspace;
+  t.workspace_bytes = workspace_bytes;
+  backward(d, t, stream);
+}
+
+int Engine::precompile(Op op, const NormDesc& d, const std::string& arch, std::vector<std::string>* failures) {
+  d.validate();
+  if (arch.rfind("sm_", 0) != 0 || arch.size() < 5)
+    throw Error(ErrorKind::InvalidArgument, fmt::format("arch = '{}' is not of the form sm_XY (e.g. sm_90)", arch));
+  std::vector<KernelSpec> specs;
+  std::set<std::string> seen;  // configs differing only in launch parameters share a cubin
+  const int max_cluster = max_cluster_of_arch(std::atoi(arch.c_str() + 3));
+  auto add = [&](const LaunchConfig& c) {
+    if (KernelSpec s = make_spec(op, d, c); seen.insert(s.name()).second) specs.push_back(s);
+  };
+  for (const auto& c : candidate_grid(op, d, max_cluster)) {
+    add(c);
+    if (const auto staged = staged_variant(op, d, c, max_cluster)) add(*staged);
+  }
+  if (op == Op::Backward) specs.push_back(finalize_spec(d));
+  std::atomic<int> ok{0};
+  std::mutex mu;
+  parallel_for(static_cast<int>(specs.size()), [&](int i) {
+    try {
+      compile_spec(specs[i], arch, impl_->jit.kernel_dir());
+      ++ok;
+    } catch (const Error& e) {
+      std::lock_guard<std::mutex> lk(mu);
+      if (failures) failures->push_back(specs[i].name() + ": " + e.what());
+    }
+  });
+  return ok;
+}
+
+}  // namespace normjit

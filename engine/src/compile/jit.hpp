@@ -1,0 +1,86 @@
+// The JIT pipeline as value types:
+//   KernelSpec --compile_spec--> KernelBinary (cubin, disk-cached)
+//              --LoadedKernel--> CUmodule + CUfunction + attributes (RAII)
+// KernelCache memoises loaded kernels per (context, spec) for the process.
+#pragma once
+
+#include <cuda.h>
+
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "compile/specialization.hpp"
+
+namespace normjit::detail {
+
+/// A compiled kernel for one arch.
+struct KernelBinary {
+  std::string cubin;
+  std::string arch;       ///< "sm_90"
+  std::string cache_key;  ///< 32 hex digits
+  bool from_disk = false;
+};
+
+/// Hash of everything that determines the cubin: template sources, the
+/// spec's generated source, NVRTC options and version, arch, engine version.
+std::string binary_cache_key(const KernelSpec& spec, const std::string& arch);
+
+/// Whether $NORMJIT_OFFLINE=1: a deployment that promises never to compile
+/// or tune. compile_spec then serves the kernel cache only, and the engine
+/// never tunes; either need throws Error(Cache) naming what is missing.
+bool offline_mode();
+
+/// Compiles `spec` for `arch`, or reads it from `<kernel_dir>/<key>.cubin`
+/// (kernel_dir empty: no disk cache). New cubins are written atomically.
+KernelBinary compile_spec(const KernelSpec& spec, const std::string& arch, const std::string& kernel_dir);
+
+/// A loaded module and its kernel, with the attributes the tuner prunes on.
+class LoadedKernel {
+ public:
+  LoadedKernel(const KernelSpec& spec, const KernelBinary& bin);
+  ~LoadedKernel();
+  LoadedKernel(const LoadedKernel&) = delete;
+  LoadedKernel& operator=(const LoadedKernel&) = delete;
+
+  CUfunction function() const { return fn_; }
+  const KernelSpec& spec() const { return spec_; }
+  int num_regs = 0, local_bytes = 0, static_smem = 0, max_threads = 0;
+  /// Resident blocks per SM at the spec's block size (>= 1 when launchable).
+  int blocks_per_sm = 0;
+  /// Cluster specs: how many clusters the device runs at once (0: none fit).
+  int max_clusters = 0;
+
+  /// cuLaunchKernel with `args` (cuLaunchKernelEx with the cluster
+  /// dimension for cluster specs); errors carry the spec's name.
+  void launch(unsigned grid, unsigned block, CUstream stream, void** args, unsigned grid_y = 1) const;
+
+ private:
+  // A launch config of `grid` CTAs in clusters of the spec's size.
+  void cluster_config(CUlaunchConfig& lc, CUlaunchAttribute& at, unsigned grid, unsigned block,
+                      CUstream stream) const;
+  KernelSpec spec_;
+  CUmodule mod_ = nullptr;
+  CUfunction fn_ = nullptr;
+};
+
+/// Thread-safe memo of loaded kernels in the current context; concurrent
+/// requests for one spec compile it once.
+class KernelCache {
+ public:
+  explicit KernelCache(std::string kernel_dir) : kernel_dir_(std::move(kernel_dir)) {}
+  /// The kernel for `spec` in the current context, for `arch`; `compiled`,
+  /// when given, is its binary (no compile or disk read then).
+  std::shared_ptr<const LoadedKernel> get(const KernelSpec& spec, const std::string& arch,
+                                          const KernelBinary* compiled = nullptr);
+  const std::string& kernel_dir() const { return kernel_dir_; }
+
+ private:
+  std::string kernel_dir_;
+  std::mutex mu_;
+  std::map<std::string, std::shared_future<std::shared_ptr<const LoadedKernel>>> loaded_;
+};
+
+}  // namespace normjit::detail

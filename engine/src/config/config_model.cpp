@@ -1,0 +1,251 @@
+#include "config/config_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include "config/row_budget.hpp"
+#include "core/variant.hpp"
+
+namespace normjit::detail {
+
+namespace {
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// Parameter slots (one meaning per op where it differs).
+enum : int {
+  kL0,        // fwd: a program's fixed latency (load, store); bwd: a row iteration's
+  kLred,      // per halving step of a row reduction
+  kLsync,     // a block-wide reduction (more than one warp a row)
+  kLcl,       // a cluster's exchange through distributed shared memory
+  kLk,        // per vector load in one thread's chain
+  kReg0,      // bwd: registers of a thread besides its cached row (fwd: forward_register_need instead)
+  kTail,      // fwd: the last round's share; bwd: overlap of a staged row's latency (0..1)
+  kClPack,    // fwd: slots clusters lose to GPC packing, per 1024 threads of a cluster; bwd: share of the
+              // slots clusters of 8 or 16 CTAs can fill
+  kBwEff,     // share of the memory bandwidth a streaming kernel draws
+  kTwoPass,   // fwd: a second pass's latency (from L2) as a share of L0; bwd: the finalize launch (ns)
+  kRows,      // per doubling of the rows a program handles at once (bwd: dweight staging)
+  kVec16,     // extra share of Lk a 16-byte vector load costs over a narrower one
+  kClLog,     // per doubling of the cluster size, on top of Lcl
+  kSmBw,      // bytes an SM moves per clock at most (its own limit when few SMs share DRAM)
+  kAdd,       // share of the shorter of latency and transfer time not hidden by the other
+  kCta,       // fwd: per CTA an SM starts (dispatch; the tiny CTAs of narrow rows); bwd: a dw_cluster grid's
+              // own cost (its cluster launch and the barriers around the DSMEM sums)
+};
+
+// Programs (CTAs) one SM holds at once: threads, registers (allocated per
+// warp in units of 8 per thread) and shared memory.
+int resident_ctas(const DeviceFacts& dev, int threads, double regs, std::int64_t smem) {
+  const int r_alloc = static_cast<int>(std::ceil(std::max(24.0, regs) / 8) * 8);
+  int r = std::min(dev.max_blocks_per_sm, dev.max_threads_per_sm / threads);
+  r = std::min(r, std::max(1, dev.regs_per_sm / (threads * r_alloc)));
+  if (smem > 0) r = std::min<std::int64_t>(r, std::max<std::int64_t>(1, dev.smem_per_sm / (smem + 1024)));
+  return std::max(1, r);
+}
+
+// Rounds of `ctas` programs over `slots` resident ones: a partly filled last
+// round costs `tail` of a round or its share, whichever is more.
+double rounds_of(double ctas, double slots, double tail) {
+  const double n = ctas / slots;
+  if (n <= 1) return 1;
+  const double whole = std::floor(n);
+  return whole + std::min(1.0, n - whole > 0 ? n - whole + tail : 0.0);
+}
+}  // namespace
+
+const char* ModelParams::name(int i) {
+  static const char* names[kCount] = {"L0",     "Lred",   "Lsync",    "Lcl",  "Lk",   "reg0",
+                                      "tail",   "clpack", "bw_eff",   "two_pass", "Lrows", "vec16", "Lcl_log", "sm_bw",
+                                      "add",    "Lcta"};
+  return i >= 0 && i < kCount ? names[i] : "?";
+}
+
+double predicted_ns(Op op, const NormDesc& d, const LaunchConfig& c, const DeviceFacts& dev, const ModelParams& mp) {
+  return predicted_ns(op, d, make_variant(op, d), c, dev, mp);
+}
+
+namespace {
+// Does a forward launch of `d` under `c` hold every CTA resident at once
+// (one wave: decode rows), with the registers of c's kernel? `v` is d's
+// variant.
+bool one_wave(Op op, const NormDesc& d, const Variant& v, const LaunchConfig& c, const DeviceFacts& dev) {
+  const int cl = c.row_split();
+  const double regs = forward_register_need(v, c, static_cast<int>(d.N), peeled(op, d, c.vec));
+  const std::int64_t slots =
+      static_cast<std::int64_t>(std::max(1, dev.sm_count) / cl) * cl * resident_ctas(dev, c.threads(), regs, 0);
+  return ceil_div(d.M, c.rows_per_pid) * cl <= slots;
+}
+
+// The staged variant of `c` where a launch of `d` runs it (it exists and
+// its launch is one wave), else nothing.
+std::optional<LaunchConfig> staged_launch(Op op, const NormDesc& d, const Variant& v, const LaunchConfig& c,
+                                          const DeviceFacts& dev) {
+  const auto s = d.M > 0 ? staged_variant(op, d, v, c, std::max(dev.max_cluster, c.cluster)) : std::nullopt;
+  return s && one_wave(op, d, v, *s, dev) ? s : std::nullopt;
+}
+}  // namespace
+
+namespace {
+// The terms both ops' prices share: the constants, the device's bandwidths,
+// and the config's row slice, vectors per thread and reduction.
+struct Terms {
+  const std::array<double, ModelParams::kCount>& p;
+  int sms;
+  double bw;     // bytes per ns, all SMs
+  double sm_bw;  // bytes per ns, one SM
+  int cl;        // CTAs sharing a row
+  std::int64_t slice;
+  int threads;
+  double k;  // vectors per thread
+  double red, needed, lk, rows_cost;
+
+  Terms(Op op, const NormDesc& d, const Variant& v, const LaunchConfig& c, const DeviceFacts& dev,
+        const std::array<double, ModelParams::kCount>& params)
+      : p(params),
+        sms(std::max(1, dev.sm_count)),
+        bw(dev.memory_gbps * p[kBwEff]),
+        sm_bw(p[kSmBw] * dev.sm_clock_ghz),
+        cl(c.row_split()),
+        slice(slice_columns(row_span(op, d, c.vec), c)),
+        threads(c.threads()),
+        k(static_cast<double>(ceil_div(slice / c.vec, c.threads_per_row))) {
+    red = p[kLred] * std::log2(std::max(2, c.threads_per_row)) + (c.threads_per_row > 32 ? p[kLsync] : 0) +
+          (cl > 1 ? p[kLcl] + p[kClLog] * std::log2(cl) : 0);
+    needed = static_cast<double>(ceil_div(d.M, c.rows_per_pid));
+    const int vec_bytes = c.vec * dtype_size(op == Op::Forward ? v.x : v.y);
+    lk = p[kLk] * (1 + (vec_bytes >= 16 ? p[kVec16] : 0));
+    rows_cost = p[kRows] * std::log2(c.rows_per_pid);
+  }
+
+  // A round of `conc` programs of `bytes` each on `used` SMs: latency t, and
+  // the transfer at the lesser of DRAM's and the SMs' own bandwidth; the SM
+  // moves sm_bytes (a two-pass row's second read, from L2, too). `own`
+  // (forward): a program's own bytes move at its SM's share of the bandwidth
+  // after its latency chain, so one program per SM cannot hide them.
+  double round_ns(double t, double conc, double bytes, double sm_bytes, double used, bool own) const {
+    const double xfer = std::max(conc * bytes / bw, conc / used * sm_bytes / sm_bw);
+    const double chain = own ? t + sm_bytes / std::min(bw / used, sm_bw) : t;
+    return std::max(chain, xfer) + p[kAdd] * std::min(t, xfer);
+  }
+};
+
+// Forward: one program per ROWS_PER_PID rows (see the header).
+double forward_ns(const NormDesc& d, const Variant& v, const LaunchConfig& c, const DeviceFacts& dev,
+                  const Terms& T) {
+  const auto& p = T.p;
+  const int nin = v.residual ? 2 : 1;
+  const double read = dtype_size(v.x) + (v.residual ? dtype_size(v.r) : 0);
+  const double write = dtype_size(v.y) + (v.store_res ? dtype_size(v.ro) : 0);
+  // The kernel is compiled to hold forward_min_blocks CTAs an SM (its
+  // registers capped to fit them): the same count here, within the
+  // device's thread and block limits.
+  const double regs = forward_register_need(v, c, static_cast<int>(d.N), peeled(Op::Forward, d, c.vec));
+  const int r = resident_ctas(dev, T.threads, regs, 0);
+  const double ctas = T.needed * T.cl;
+  // A cluster starts only when a GPC has room for all of its CTAs at once:
+  // the larger its threads, the more room stays idle waiting.
+  const double slots =
+      static_cast<double>(T.sms) * r / (T.cl > 1 ? 1 + p[kClPack] * T.cl * T.threads / 1024.0 : 1.0);
+  const double bytes = static_cast<double>(c.rows_per_pid) * T.slice * (read + write);
+  double t1 = p[kL0] + T.red + T.lk * T.k * nin + T.rows_cost;
+  if (c.two_pass)  // the row streams through twice, 4 chunks in flight at a time; the second pass hits L2
+    t1 = p[kL0] * std::ceil(T.k / 4) * (1 + p[kTwoPass]) + T.red + 2 * T.lk * T.k * nin + T.rows_cost;
+  const double conc = std::min(ctas, slots);
+  const double sm_bytes = c.two_pass ? static_cast<double>(c.rows_per_pid) * T.slice * (2 * read + write) : bytes;
+  const double round = T.round_ns(t1, conc, bytes, sm_bytes, std::min<double>(T.sms, conc), true);
+  return rounds_of(ctas, slots, p[kTail]) * round + p[kCta] * std::ceil(ctas / T.sms);
+}
+
+// Backward: persistent programs stream their rows (launch_geometry).
+double backward_ns(const NormDesc& d, const Variant& v, const LaunchConfig& c, const DeviceFacts& dev,
+                   const Terms& T) {
+  const auto& p = T.p;
+  const double read = dtype_size(v.x) + dtype_size(v.y) + (v.dres ? dtype_size(v.ro) : 0);
+  const double write = dtype_size(v.dx);
+  const double row_regs = T.k * c.vec * (dtype_size(v.x) + dtype_size(v.y)) / 4.0;
+  const double regs = p[kReg0] + (c.two_pass ? 8 : row_regs * (c.stages ? 1 : 2));
+  const std::int64_t smem =
+      static_cast<std::int64_t>(c.stages) * c.rows_per_pid * T.slice * (dtype_size(v.x) + dtype_size(v.y));
+  const int r = resident_ctas(dev, T.threads, regs, smem);
+  const int per_sm = c.programs_per_sm ? std::min(c.programs_per_sm, r) : r;
+  const double resident = std::max(1.0, std::floor(static_cast<double>(T.sms) * per_sm / T.cl) *
+                                            (T.cl >= 8 ? p[kClPack] : 1.0));
+  // dw_cluster: the grid is cfg.cluster CTAs, each a program of whole rows.
+  const double programs = c.dw_cluster ? c.cluster : std::max(1.0, std::min(T.needed, resident));
+  const double iterations = std::ceil(T.needed / programs);
+  const double ctas = programs * T.cl;
+  double bytes = static_cast<double>(c.rows_per_pid) * T.slice * (read + write);
+  double t_row = p[kL0] * (c.stages >= 2 ? p[kTail] : 1.0) + 2 * T.red + T.lk * T.k * 2 + T.rows_cost;
+  if (c.two_pass) {  // with a stage or without: measured within 10% of each other either way
+    bytes = static_cast<double>(c.rows_per_pid) * T.slice * (read * 2 + write);
+    t_row = 2 * (p[kL0] * std::ceil(T.k / 4) + T.red + T.lk * T.k * 2);
+  }
+  const double round = T.round_ns(t_row, ctas, bytes, bytes, std::min<double>(T.sms, ctas), false);
+  double t = iterations * round;
+  if (c.dw_cluster)  // two cluster barriers around each CTA reading its columns' sums from every peer
+    t += 2 * (p[kLcl] + p[kClLog] * std::log2(c.cluster)) + d.N * 4.0 * v.partials() / T.sm_bw + p[kCta];
+  else if (programs > 1)  // partial dweight rows written, then summed by the finalize launch
+    t += programs * d.N * 4.0 * v.partials() * 2 / T.bw + p[kTwoPass];
+  return t;
+}
+}  // namespace
+
+double predicted_ns(Op op, const NormDesc& d, const Variant& v, const LaunchConfig& cfg, const DeviceFacts& dev,
+                    const ModelParams& mp) {
+  // A forward config is priced as the kernel its launch runs (staged or
+  // not), and a launch of one wave with the one-wave constants.
+  const auto staged = op == Op::Forward ? staged_launch(op, d, v, cfg, dev) : std::nullopt;
+  const LaunchConfig& c = staged ? *staged : cfg;
+  const bool wave = mp.one_wave && op == Op::Forward && d.M > 0 && one_wave(op, d, v, c, dev);
+  const Terms terms(op, d, v, c, dev, wave ? *mp.one_wave : mp.v);
+  return op == Op::Forward ? forward_ns(d, v, c, dev, terms) : backward_ns(d, v, c, dev, terms);
+}
+
+std::size_t fastest_of(Op op, const NormDesc& d, const std::vector<LaunchConfig>& grid, const DeviceFacts& dev,
+                       const ModelParams& p) {
+  const Variant v = make_variant(op, d);
+  // The grid is sorted simplest first: a later config must be faster to win.
+  std::size_t best = 0;
+  double best_t = std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < grid.size(); ++i) {
+    const double t = predicted_ns(op, d, v, grid[i], dev, p);
+    if (t < best_t * (1 - 1e-9)) {
+      best_t = t;
+      best = i;
+    }
+  }
+  return best;
+}
+
+LaunchConfig staged_for_launch(Op op, const NormDesc& d, const LaunchConfig& cfg, const DeviceFacts& dev) {
+  return staged_launch(op, d, make_variant(op, d), cfg, dev).value_or(cfg);
+}
+
+LaunchConfig model_config(Op op, const NormDesc& d, const DeviceFacts& dev, const ModelParams& p) {
+  const auto grid = candidate_grid(op, d, dev.max_cluster);
+  if (grid.empty()) throw Error(ErrorKind::InvalidArgument, "no launch config exists", op_label(op, d.norm), d.str());
+  return grid[fastest_of(op, d, grid, dev, p)];
+}
+
+}  // namespace normjit::detail
+
+namespace normjit::detail {
+
+const ModelParams& fitted_params(Op op) {
+  // Written by tools/fit_config_model (--write): the fit over
+  // autotune_cache/model/*.json (v; with --launched files, the forward's
+  // one-wave constants too). Order: ModelParams::name.
+  // fitted-params:begin
+  static const ModelParams fwd{{2423, 5.966, 3.852, 410.6, 221.7, 32, 0.02, 0.02, 1, 3.98, 0.4385, 0.01, 1.151, 56.01, 0.2669, 65.75}, std::nullopt};
+  static const ModelParams bwd{{3084, 38.3, 43.63, 73.68, 206, 26, 0.3246, 1, 0.717, 2112, 541.3, 1.168, 3.099, 153.3, 0.3443, 1500}, std::nullopt};
+  // fitted-params:end
+  return op == Op::Forward ? fwd : bwd;
+}
+
+LaunchConfig heuristic_config(Op op, const NormDesc& d, const DeviceFacts& dev) {
+  return model_config(op, d, dev, fitted_params(op));
+}
+
+}  // namespace normjit::detail

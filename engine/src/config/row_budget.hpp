@@ -1,0 +1,63 @@
+// The row-budget rules of the forward: how a thread holding its row in
+// registers loads weight and bias, the registers it needs, and from them the
+// CTAs an SM holds. Read by the grid's validity rules, the config model and
+// the kernel prelude (compile/specialization.cpp).
+#pragma once
+
+#include "core/variant.hpp"
+#include "normjit/normjit.hpp"
+
+namespace normjit::detail {
+
+/// How a forward thread that keeps its row in registers loads the weight
+/// and bias of its chunks. Its pointers are not restrict, so the compiler
+/// keeps every load behind the stores before it: chunk by chunk, a
+/// load-store pair waits one memory round trip each (8 for a 128-thread row
+/// of 7400 bf16). with_row: all of them with the row, before the reduction;
+/// else `batch` chunks at a time after it, all loaded before their stores.
+/// cfg.stages 0 (unstaged, what the grid holds): with the row up to
+/// kUnstagedWeightBytes, else one chunk at a time, so the row's registers
+/// alone decide how many CTAs an SM holds. cfg.stages 1 (staged,
+/// launch_config's choice for launches whose CTAs are all resident at once,
+/// where registers cost no CTAs): up to kWeightStagingBytes at once, as far
+/// as a thread's registers allow. The prelude carries both as WB_WITH_ROW
+/// and WB_BATCH.
+struct WeightStaging {
+  bool with_row = false;
+  int batch = 1;  ///< chunks whose weight and bias load at once
+  int bytes = 0;  ///< bytes of weight and bias a thread holds at once
+};
+inline constexpr int kUnstagedWeightBytes = 32;
+inline constexpr int kWeightStagingBytes = 128;
+WeightStaging weight_staging(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
+
+/// Registers a thread of the forward kernel of `v` under `cfg` needs to keep
+/// its row without spilling (N: the row's columns; peel: peeled rows), and
+/// from it the CTAs of cfg.threads() an SM can hold at once: the kernel is
+/// compiled with __launch_bounds__(threads, min blocks), so ptxas keeps its
+/// registers within 65536 / (min blocks * threads), and the config model
+/// counts that many programs an SM. The need: 24, one register per element
+/// a thread caches (16-bit rows are widened to fp32), 8 more from 16
+/// elements on, and shares for LayerNorm's second sum (4), a cluster's
+/// exchange (8), peeled edges (16), a residual summed in fp32 (8) and, when
+/// staged (cfg.stages 1), the weight and bias weight_staging holds;
+/// two-pass rows 32 (LayerNorm 40) and the fp32 sum's share.
+/// Fitted to the lowest register caps at which ptxas (CUDA 13.0, sm_90)
+/// spilled nothing over the forward grids of 22 shapes (every dtype, both
+/// norms, residual, odd N, clusters); tests/test_nvrtc_compile.cpp checks
+/// that the grids it compiles spill nothing. Quantized, FP8-input and
+/// two-pass kernels: 1 (ptxas chooses). The register file (65536) and the 2048
+/// threads and 32 CTAs an SM are those of sm_80 and sm_90.
+int forward_register_need(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
+/// Registers a thread of a `threads`-thread block may hold: 65536 a CTA, 255 a thread.
+int thread_register_cap(int threads);
+int forward_min_blocks(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
+
+/// Shared memory (bytes) a backward CTA under `cfg` stages its rows in: its
+/// cp.async stages of x and dy (cfg.stages rows of its slice each), and, when
+/// its slice's weight and dweight sums live in shared memory (dw_smem,
+/// config_grid.hpp's dweight_in_smem), those after them. The grid's budget
+/// (kMaxStageBytes) and the launch's dynamic shared memory both read this.
+std::int64_t backward_stage_bytes(const Variant& v, std::int64_t N, const LaunchConfig& cfg, bool dw_smem);
+
+}  // namespace normjit::detail

@@ -1,0 +1,121 @@
+#include "runtime/ops.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "norm_args.cuh"
+#include "quant_args.cuh"
+#include "device/driver.hpp"
+
+namespace normjit::detail {
+
+nj::NormArgs row_layout(const NormDesc& d, bool backward) {
+  nj::NormArgs a{};
+  a.M = d.M;
+  a.heads = d.heads;
+  // The backward of a fused residual add reads h (residual_out) as its x.
+  const bool h_in = backward && d.residual;
+  a.x_ld = h_in ? d.residual_out_ld() : d.x_ld();
+  a.x_hs = h_in ? d.N : d.x_hs();
+  a.y_ld = d.y_ld();
+  a.y_hs = d.y_hs();
+  a.dy_ld = d.dy_ld();
+  a.dy_hs = d.dy_hs();
+  a.dx_ld = d.dx_ld();
+  a.dx_hs = d.dx_hs();
+  a.res_ld = d.residual_ld();
+  a.res_out_ld = d.residual_out_ld();
+  a.dres_ld = d.dresidual_ld();
+  a.eps = d.eps;
+  return a;
+}
+
+void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardTensors& t, int sm_count, CUstream s) {
+  const Geometry g = launch_geometry(Op::Forward, d, k.spec().cfg, sm_count, k.blocks_per_sm);
+  launch_forward(k, d, row_layout(d, false), t, g, amax_grid(k, g, sm_count), s);
+}
+
+unsigned amax_grid(const LoadedKernel& k, const Geometry& g, int sm_count) {
+  return std::min(g.grid, static_cast<unsigned>(std::max(1, sm_count * k.blocks_per_sm)));
+}
+
+void launch_forward(const LoadedKernel& k, const NormDesc& d, const nj::NormArgs& layout, const ForwardTensors& t,
+                    const Geometry& g, unsigned resident, CUstream s) {
+  nj::NormArgs a = layout;
+  a.x = t.x;
+  a.residual = t.residual;
+  a.w = t.weight;
+  a.b = t.bias;
+  a.y = t.y;
+  a.residual_out = t.residual_out;
+  a.mean = t.mean;
+  a.rstd = t.rstd;
+  nj::QuantArgs q{};
+  a.x_scale = t.x_scale;
+  q.scale = t.y_scale;
+  q.amax = t.amax;
+  q.y_hp = t.y_hp;
+  q.y_t = t.y_t;
+  q.scale_ld = d.scale_ld();
+  q.scale_ub = d.scale_ub;
+  void* args[] = {&a, &q};
+  if (d.quant == QuantScaling::Tensor) {
+    // Current scaling in two launches: the first reads the rows once for
+    // amax (a resident-sized grid striding over them, so few programs meet
+    // in its one atomic), the second recomputes y and quantizes with it.
+    NJ_CU(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(t.amax), 0, 1, s));
+    k.launch(resident, g.block, s, args);
+    q.phase = 1;
+  }
+  k.launch(g.grid, g.block, s, args);
+}
+
+Geometry backward_geometry(const LoadedKernel& k, const NormDesc& d, const LaunchConfig& cfg, int sm_count) {
+  LaunchConfig c = cfg;
+  c.cluster = k.spec().cfg.cluster;  // the kernel's own: its clusters are its programs
+  return launch_geometry(Op::Backward, d, c, sm_count, k.blocks_per_sm, k.max_clusters);
+}
+
+std::size_t backward_workspace_bytes(const Geometry& g, const NormDesc& d) {
+  const int partials = make_variant(Op::Backward, d).partials();
+  return d.M == 0 ? 0 : static_cast<std::size_t>(partials) * g.programs * static_cast<std::size_t>(d.N) * sizeof(float);
+}
+
+void launch_backward(const LoadedKernel& k, const LoadedKernel& fin, const NormDesc& d, const BackwardTensors& t,
+                     const Geometry& g, CUstream s) {
+  launch_backward(k, &fin, d, row_layout(d, true), t, g, s);
+}
+
+void launch_backward(const LoadedKernel& k, const LoadedKernel* fin, const NormDesc& d, const nj::NormArgs& layout,
+                     const BackwardTensors& t, const Geometry& g, CUstream s) {
+  nj::NormArgs a = layout;
+  a.dy = t.dy;
+  a.x = t.x;
+  a.w = t.weight;
+  a.mean = const_cast<float*>(t.mean);
+  a.rstd = const_cast<float*>(t.rstd);
+  a.dresidual = t.dresidual;
+  a.x_scale = t.x_scale;
+  a.dx = t.dx;
+  a.partial = static_cast<float*>(t.workspace);
+  a.dw = t.dweight;
+  a.db = t.dbias;
+  void* args[] = {&a};
+  k.launch(g.grid, g.block, s, args);
+  if (g.programs == 1) return;  // one program wrote dweight / dbias itself
+  // One finalize launch for every partial (blockIdx.y: dweight, dbias).
+  const Variant& v = k.spec().v;  // derived once, with the kernel (no derivation on the per-call path)
+  CUdeviceptr part = reinterpret_cast<CUdeviceptr>(t.workspace);
+  CUdeviceptr out0 = reinterpret_cast<CUdeviceptr>(v.has_w ? t.dweight : t.dbias);
+  CUdeviceptr out1 = reinterpret_cast<CUdeviceptr>(t.dbias);
+  int programs = static_cast<int>(g.programs), n = static_cast<int>(d.N);
+  void* fargs[] = {&part, &out0, &out1, &programs, &n};
+  // Slices of 32 threads over the partial rows: as many as leave each
+  // thread four rows to add (four loads in flight), 32 at most.
+  unsigned slices = 1;
+  while (slices < 32 && slices * 8 <= g.programs) slices *= 2;
+  fin->launch(static_cast<unsigned>((d.N + 31) / 32), 32 * slices, s, fargs, static_cast<unsigned>(v.partials()));
+}
+
+}  // namespace normjit::detail

@@ -1,0 +1,47 @@
+// Launching the row kernels: argument packing and geometry, shared by the
+// engine's calls, the tuner and the benchmark.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+
+#include "config/config_grid.hpp"
+#include "compile/jit.hpp"
+#include "norm_args.cuh"
+#include "normjit/normjit.hpp"
+
+namespace normjit::detail {
+
+/// Strides of every row tensor as the kernels index them, M and eps; the
+/// pointers are left null. Backward: x is h with a fused residual.
+nj::NormArgs row_layout(const NormDesc& d, bool backward);
+
+/// The forward on `k` (compiled for `d`) with the tensors of `t`.
+void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardTensors& t, int sm_count, CUstream s);
+/// The same with geometry and layout already derived (a Plan's launch);
+/// `resident` is amax_grid's: per-tensor current scaling's first pass.
+void launch_forward(const LoadedKernel& k, const NormDesc& d, const nj::NormArgs& layout, const ForwardTensors& t,
+                    const Geometry& g, unsigned resident, CUstream s);
+/// Grid of the amax pass of per-tensor current scaling: resident-sized, so
+/// few programs meet in its one atomic.
+unsigned amax_grid(const LoadedKernel& k, const Geometry& g, int sm_count);
+
+/// The persistent grid of the backward under `cfg`, whose kernel (compiled
+/// with cfg's vec) is `k`. It is fixed by the config, not by the kernel that
+/// finally runs (alignment may lower vec and so change occupancy), so the
+/// workspace size and the results do not depend on pointer alignment.
+Geometry backward_geometry(const LoadedKernel& k, const NormDesc& d, const LaunchConfig& cfg, int sm_count);
+
+/// Bytes of partial dweight / dbias rows for `g` (partials x programs x N fp32).
+std::size_t backward_workspace_bytes(const Geometry& g, const NormDesc& d);
+
+/// The row kernel `k` on grid `g`, then (when g has more than one program)
+/// the finalize kernel `fin` once per partial (dweight, dbias).
+void launch_backward(const LoadedKernel& k, const LoadedKernel& fin, const NormDesc& d, const BackwardTensors& t,
+                     const Geometry& g, CUstream s);
+/// The same with the layout derived; `fin` may be null when g has one program.
+void launch_backward(const LoadedKernel& k, const LoadedKernel* fin, const NormDesc& d, const nj::NormArgs& layout,
+                     const BackwardTensors& t, const Geometry& g, CUstream s);
+
+}  // namespace normjit::detail
