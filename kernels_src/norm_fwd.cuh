@@ -444,8 +444,8 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     // (STAGES 1): with the row where the prelude says (WB_WITH_ROW), else
     // WB_BATCH chunks' worth at once after the reduction, all loaded before
     // their stores (see load_h).
-    constexpr bool PREFETCH_WB =
-        STAGED ? nj::wb_with_row_or<S>(0) != 0 : L::ITERS * S::VEC * sizeof(w_t) * (S::HAS_B ? 2 : 1) <= 32;
+    constexpr bool PREFETCH_WB = STAGED || ROW_AMAX ? nj::wb_with_row_or<S>(0) != 0
+                                                    : L::ITERS * S::VEC * sizeof(w_t) * (S::HAS_B ? 2 : 1) <= 32;
     constexpr int WB_BATCH = PREFETCH_WB ? L::ITERS : nj::wb_batch_or<S>(0);
     nj::Vec<w_t, S::VEC> wv[PREFETCH_WB ? L::ITERS : 1], bv[PREFETCH_WB ? L::ITERS : 1];
     // Peeled rows: the chunks wholly inside the row move as vectors, and the
@@ -457,13 +457,14 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     h_t he[XE];
     int hp[XE];
     float s[K] = {0.f};
-    if constexpr (STAGED && PREFETCH_WB) {
-      // Staged: the weight and bias first, in a loop of their own: loaded in
-      // the row's loop, ptxas widened each chunk as it arrived and issued the
-      // next load only then (measured: 8 round trips, 1.9x the time).
+    if constexpr ((STAGED || ROW_AMAX) && PREFETCH_WB) {
+      // Staged (and rows quantized with a row's amax): the weight and bias
+      // first, in a loop of their own: loaded in the row's loop, ptxas
+      // widened each chunk as it arrived and issued the next load only then
+      // (measured: 8 round trips, 1.9x the time).
 #pragma unroll
       for (int i = 0; i < L::ITERS; ++i)
-        if (valid && tc.in(i) && nj::whole_chunk<PEEL>(R, tc.col(i)))
+        if ((ROW_AMAX || valid) && tc.in(i) && nj::whole_chunk<PEEL>(R, tc.col(i)))
           nj::load_wb<S>(a, tc.col(i), PEEL || EXACT, wv[i], bv[i], R.lo);
     }
     if constexpr (S::LAYERNORM) shift = valid ? R.first_h() : 0.f;
@@ -487,9 +488,12 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     for (int i = 0; i < L::ITERS; ++i) {
       const int col = tc.col(i);
       if constexpr (!STAGED) {
-        if (valid && tc.in(i) && nj::whole_chunk<PEEL>(R, col)) {
-          hv[i] = R.load_h(col, PEEL || EXACT, !measure);
-          if constexpr (PREFETCH_WB) nj::load_wb<S>(a, col, PEEL || EXACT, wv[i], bv[i], R.lo);
+        // Rows quantized with a row's amax load without the row's guard (a
+        // row past M reads row 0, see R): guarded, ptxas branched around each
+        // chunk and issued its loads one round trip after another.
+        if ((ROW_AMAX || valid) && tc.in(i) && nj::whole_chunk<PEEL>(R, col)) {
+          hv[i] = R.load_h(col, PEEL || EXACT, !measure && valid);
+          if constexpr (PREFETCH_WB && !ROW_AMAX) nj::load_wb<S>(a, col, PEEL || EXACT, wv[i], bv[i], R.lo);
         } else {
 #pragma unroll
           for (int k = 0; k < S::VEC; ++k) hv[i].v[k] = nj::from_float<h_t>(0.f);
@@ -576,6 +580,11 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     }
     rstd = rsqrtf(s[0] * inv_n + a.eps);
     float row_amax = 0.f;
+    // Token rows of up to 32 elements a thread keep the y they computed for
+    // the amax, rather than computing it again to store (the quantized
+    // forward is bound by instruction issue on an H200, not by memory).
+    constexpr bool CACHE_Y = QUANT == nj::Q_TOKEN && L::ITERS * S::VEC <= 32;
+    float yc[CACHE_Y ? L::ITERS : 1][S::VEC];
     if constexpr (ROW_AMAX) {
       // Token and tensor scales need the row's amax before its first store.
       if (QUANT == nj::Q_TOKEN || measure) {
@@ -592,8 +601,10 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
             float v[S::VEC];
             R.y_values(hv[i], shift, m, rstd, w, b, v);
 #pragma unroll
-            for (int k = 0; k < S::VEC; ++k)
+            for (int k = 0; k < S::VEC; ++k) {
               if (EXACT || (PEEL ? R.has(tc.col(i) + k) : tc.col(i) + k < S::N)) row_amax = fmaxf(row_amax, fabsf(v[k]));
+              if constexpr (CACHE_Y) yc[i][k] = v[k];
+            }
           }
         }
       }
@@ -628,7 +639,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
           if constexpr (PREFETCH_WB) {
             w = wv[i];
             b = bv[i];
-          } else {
+          } else if constexpr (!CACHE_Y) {
             nj::load_wb<S>(a, col, PEEL || EXACT, w, b, R.lo);
           }
           // (store_chunk's body written out: the lambda moved some kernels'
@@ -637,7 +648,12 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
             R.store_y(col, PEEL || EXACT, hv[i], shift, m, rstd, w, b);
           } else {
             float v[S::VEC];
-            R.y_values(hv[i], shift, m, rstd, w, b, v);
+            if constexpr (CACHE_Y) {
+#pragma unroll
+              for (int k = 0; k < S::VEC; ++k) v[k] = yc[i][k];
+            } else {
+              R.y_values(hv[i], shift, m, rstd, w, b, v);
+            }
             float gi = inv;
             if constexpr (GROUPED) gi = S::Q::template group_inv_scale<S>(q, v, col, row);
             S::Q::template store<S>(R, col, EXACT, v, gi);

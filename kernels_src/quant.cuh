@@ -83,19 +83,35 @@ struct QuantOps {
     return q;
   }
 
+  // y_hp of one chunk (STORE_YHP): y unquantized, in yhp_t.
+  template <class S, class Row>
+  static __device__ __forceinline__ void store_yhp(const Row& R, int col, bool exact, const float (&v)[S::VEC]) {
+    Vec<typename S::yhp_t, S::VEC> hv;
+#pragma unroll
+    for (int k = 0; k < S::VEC; ++k) hv.v[k] = from_float<typename S::yhp_t>(v[k]);
+    store_chunk<S::N, S::VEC>(static_cast<typename S::yhp_t*>(R.yhp) + R.yo, col, hv, exact);
+  }
+
   // Stores one chunk of a quantized y at column `col` of row R (an
   // nj::FwdRow): the values `v` times `inv` = 1 / scale as FP8 codes, and
   // y_hp and the transpose where the variant writes them.
   template <class S, class Row>
   static __device__ __forceinline__ void store(const Row& R, int col, bool exact, const float (&v)[S::VEC], float inv) {
+    if constexpr (S::VEC % 4 == 0 && !S::STORE_YT) {
+      // Whole chunks as 32-bit words of four codes (fp8x4): no byte moves.
+      if (exact || col + S::VEC <= S::N) {
+        Vec<unsigned, S::VEC / 4> w;
+#pragma unroll
+        for (int k = 0; k < S::VEC; k += 4)
+          w.v[k / 4] = fp8x4<typename S::y_t>(v[k] * inv, v[k + 1] * inv, v[k + 2] * inv, v[k + 3] * inv);
+        *reinterpret_cast<Vec<unsigned, S::VEC / 4>*>(R.y + col) = w;
+        if constexpr (S::STORE_YHP) store_yhp<S>(R, col, true, v);
+        return;
+      }
+    }
     const Vec<typename S::y_t, S::VEC> qv = quantize<typename S::y_t, S::VEC>(v, inv);
     store_chunk<S::N, S::VEC>(R.y, col, qv, exact);
-    if constexpr (S::STORE_YHP) {
-      Vec<typename S::yhp_t, S::VEC> hv;
-#pragma unroll
-      for (int k = 0; k < S::VEC; ++k) hv.v[k] = from_float<typename S::yhp_t>(v[k]);
-      store_chunk<S::N, S::VEC>(static_cast<typename S::yhp_t*>(R.yhp) + R.yo, col, hv, exact);
-    }
+    if constexpr (S::STORE_YHP) store_yhp<S>(R, col, exact, v);
     if constexpr (S::STORE_YT) {
       // Column j of this row is element (j, row) of the [N, M] transpose:
       // one byte per row of the transpose (strided; L2 merges the bytes of

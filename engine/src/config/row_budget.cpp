@@ -51,7 +51,9 @@ WeightStaging weight_staging(const Variant& v, const LaunchConfig& c, int N, boo
     // Unstaged: with the row when it costs at most 32 bytes, else a chunk at
     // a time after the reduction; no registers beyond the row's. (norm_fwd.cuh
     // applies the same rule itself: these kernels' preludes carry nothing.)
-    s.with_row = iters * per_chunk <= kUnstagedWeightBytes;
+    // Rows quantized with a row's or tensor's amax read them twice: up to
+    // kRowAmaxWeightBytes with the row (their preludes carry it).
+    s.with_row = iters * per_chunk <= (row_amax_quant(v) ? kRowAmaxWeightBytes : kUnstagedWeightBytes);
     s.batch = s.with_row ? iters : 1;
   } else {
     // Staged: the largest batch within kWeightStagingBytes whose registers
