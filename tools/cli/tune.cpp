@@ -1,0 +1,226 @@
+// normjit tune (without --grid): tunes --model and --shape shapes, --list, --vs-untuned.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "tuning/autotune.hpp"
+#include "device/kernel_clock.hpp"
+#include "config/config_grid.hpp"
+#include "device/driver.hpp"
+#include "runtime/ops.hpp"
+#include "compile/specialization.hpp"
+#include "core/variant.hpp"
+#include "cli/cli.hpp"
+
+using namespace normjit;
+using namespace normjit::detail;
+
+namespace normjit::cli {
+
+namespace {
+
+std::string ops_label(const std::vector<Op>& ops) {
+  std::string s;
+  for (Op op : ops) s += (s.empty() ? "" : "+") + std::string(op_name(op));
+  return s;
+}
+
+// tune --list: the shapes, their ops and, for a model, the config keys each
+// came from. Needs no GPU.
+int cmd_list(const ShapeOptions& so, const Resolved& r) {
+  if (r.model) {
+    fmt::print("{}: model_type {}: {}; tokens {}\n", so.model, r.model->model_type, r.model->summary,
+               fmt::join(so.tokens, ", "));
+    std::size_t kw = 0;
+    for (const auto& k : r.model->kinds) kw = std::max(kw, k.first.size());
+    for (const auto& [kind, modules] : r.model->kinds) fmt::print("  {:<{}}  {}\n", kind, kw, modules);
+  }
+  std::size_t nw = 0, sw = 0, ow = 0, fwd = 0, bwd = 0;
+  for (const auto& w : r.work) {
+    nw = std::max(nw, w.shape.name.size());
+    sw = std::max(sw, full_shape_spec(w.shape.desc).size());
+    ow = std::max(ow, ops_label(w.ops).size());
+  }
+  for (const auto& w : r.work) {
+    std::string line = fmt::format("{:<{}}  {:<{}}  {:<{}}", w.shape.name, nw, ops_label(w.ops), ow,
+                                   full_shape_spec(w.shape.desc), sw);
+    if (w.norm) {
+      line += fmt::format("  <- {}", fmt::join(w.norm->keys, ", "));
+      if (!w.norm->also.empty()) line += fmt::format("  (also {})", fmt::join(w.norm->also, ", "));
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    fmt::print("{}\n", line);
+    for (Op op : w.ops) ++(op == Op::Forward ? fwd : bwd);
+  }
+  fmt::print("{} shapes, {} kernels ({} fwd, {} bwd)\n", r.work.size(), fwd + bwd, fwd, bwd);
+  return 0;
+}
+
+// Medians of each config on `d`, timed in rounds that alternate between the
+// configs (so a drift in clocks or temperature reaches both alike).
+std::vector<double> time_configs(Op op, const NormDesc& d, const std::vector<LaunchConfig>& cfgs, KernelCache& jit,
+                                 int rounds = 5, int reps = 15) {
+  const DeviceInfo dev = device_info(current_device());
+  const DeviceBuffer flush = make_flush_buffer(dev);
+  Scratch s(op, d, 0x71e0000u + d.N);
+  std::vector<std::shared_ptr<const LoadedKernel>> ks;
+  // Each as a launch of d.M runs it (staged where the engine stages it).
+  for (const auto& c : cfgs) ks.push_back(jit.get(make_spec(op, d, staged_for_launch(op, d, c, dev.facts())), dev.arch()));
+  const auto fin = op == Op::Backward ? jit.get(finalize_spec(d), dev.arch()) : nullptr;
+  std::size_t ws = 0;
+  for (std::size_t i = 0; i < cfgs.size(); ++i)
+    if (op == Op::Backward) ws = std::max(ws, backward_workspace_bytes(backward_geometry(*ks[i], d, cfgs[i], dev.sm_count), d));
+  if (ws) s.workspace = DeviceBuffer(ws);
+  std::vector<std::vector<double>> t(cfgs.size());
+  for (int r = 0; r < rounds; ++r)
+    for (std::size_t i = 0; i < cfgs.size(); ++i)
+      t[i].push_back(median_us(
+          [&](CUstream st) {
+            if (op == Op::Forward)
+              launch_forward(*ks[i], d, s.forward_tensors(), dev.sm_count, st);
+            else
+              launch_backward(*ks[i], *fin, d, s.backward_tensors(), backward_geometry(*ks[i], d, cfgs[i], dev.sm_count), st);
+          },
+          flush, reps));
+  std::vector<double> med;
+  for (auto& v : t) {
+    std::sort(v.begin(), v.end());
+    med.push_back(v[v.size() / 2]);
+  }
+  return med;
+}
+
+// Counts and results of one `normjit tune` run (not --grid).
+struct TuneTally {
+  nlohmann::json rows = nlohmann::json::array();  // --vs-untuned's comparisons
+  std::map<std::string, std::string> tuned_here;  // cache key -> the shape tuned for it in this run
+  int tuned = 0, skipped = 0, failed = 0;
+};
+
+// Whether `op` on `w` needs no tuning: its cache key was tuned earlier in this
+// run or, for a --model shape unless `force` (--retune or --vs-untuned), it
+// has a current tuned entry. Prints why and counts it when skipped.
+bool skip_cached(Engine& engine, const Work& w, Op op, const std::string& key, bool force, TuneTally& t) {
+  if (auto it = t.tuned_here.find(key); it != t.tuned_here.end()) {
+    fmt::print("        skipped (cached): same cache key as {}, tuned in this run\n", it->second);
+    ++t.skipped;
+    return true;
+  }
+  if (w.norm && !force) {
+    const ConfigExplanation x = engine.explain(op, w.shape.desc);
+    if (is_cache_hit(x.source)) {
+      fmt::print("        skipped (cached): {} {} {:.2f} us in the {} (--retune tunes it again)\n", key,
+                 x.config.str(), x.entry_us, config_source_name(x.source));
+      ++t.skipped;
+      return true;
+    }
+  }
+  return false;
+}
+
+void print_tuned(const TuneResult& r, double secs) {
+  int passed = 0;
+  for (const auto& c : r.candidates) passed += c.median_us > 0;
+  fmt::print("        tuned: winner {} {:.2f} us ({} of {} candidates passed, {:.1f} s){}\n", r.winner.str(),
+             r.winner_us, passed, r.candidates.size(), secs,
+             r.winner == r.model ? " = the config model's"
+             : r.model_us > 0    ? fmt::format("; the model's {} {:.2f} us", r.model.str(), r.model_us)
+                                 : "");
+}
+
+// Every candidate's tuned time: lets a new rule be scored offline.
+nlohmann::json candidate_times(const TuneResult& r) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& c : r.candidates)
+    if (c.median_us > 0) a.push_back({c.config.str(), c.median_us});
+  return a;
+}
+
+// --vs-untuned: times the untuned config against the fastest candidate of the
+// whole grid, prints the ratio and returns it as a JSON row.
+nlohmann::json compare_untuned(Op op, const NamedShape& s, const TuneResult& r, const ConfigExplanation& untuned,
+                               double secs, KernelCache& jit) {
+  // Against the fastest candidate of the whole grid (before the model's
+  // config is preferred within 2%): the model's gap, not the rule's.
+  const int best = pick_winner(r.candidates);
+  const LaunchConfig fastest = best >= 0 ? r.candidates[best].config : r.winner;
+  const auto t = time_configs(op, s.desc, {fastest, untuned.config}, jit);
+  fmt::print("        untuned: {} {} {:.2f} us vs tuned {:.2f} us: {:.3f}x\n", config_source_name(untuned.source),
+             untuned.config.str(), t[1], t[0], t[1] / t[0]);
+  return {{"shape", s.name}, {"op", op_label(op, s.desc.norm)}, {"key", r.shape_key},
+          {"tuned", fastest.str()}, {"tuned_us", t[0]}, {"untuned", untuned.config.str()},
+          {"untuned_source", config_source_name(untuned.source)}, {"untuned_from", untuned.from_key},
+          {"untuned_us", t[1]}, {"ratio", t[1] / t[0]}, {"tune_seconds", secs},
+          {"candidates", r.candidates.size()}, {"all", candidate_times(r)}};
+}
+
+// Tunes `op` on `s` and prints the winner (and, with --vs-untuned, the
+// comparison); a failure is printed and counted.
+void tune_one(Engine& engine, Op op, const NamedShape& s, const std::string& key, bool vs_untuned, bool whole_grid,
+              KernelCache& jit, TuneTally& t) {
+  try {
+    // What the shape would run were it not tuned: resolved before tuning it.
+    const ConfigExplanation untuned = engine.explain(op, s.desc, /*skip_exact=*/true);
+    const auto t0 = std::chrono::steady_clock::now();
+    const TuneResult r = engine.tune(op, s.desc, whole_grid || vs_untuned);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    print_tuned(r, secs);
+    ++t.tuned;
+    t.tuned_here.emplace(key, s.name);
+    if (vs_untuned) t.rows.push_back(compare_untuned(op, s, r, untuned, secs, jit));
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::InvalidArgument) throw;  // a bad shape: a bad command line
+    // A failure of one shape (no candidate passed, a driver error) does
+    // not stop the others; the exit code reports it.
+    fmt::print("        FAILED: {}\n", e.what());
+    ++t.failed;
+  }
+}
+
+void write_tune_json(const std::string& json_path, const nlohmann::json& rows) {
+  const DeviceInfo dev = device_info(current_device());
+  nlohmann::json j = {{"gpu", dev.name}, {"sm_count", dev.sm_count}, {"timing", timing_method()}, {"rows", rows}};
+  std::ofstream(json_path) << j.dump(1) << "\n";
+  fmt::print("wrote {}\n", json_path);
+}
+
+}  // namespace
+
+// Tunes each shape and op. A --model's shapes are a pre-warm: those with a
+// current tuned entry for this device and kernel source (user or shipped
+// cache, or tuned earlier in this run under the same cache key) are skipped
+// unless --retune or --vs-untuned; --shape's are always tuned.
+int cmd_tune(Engine& engine, const ShapeOptions& so, bool vs_untuned, const std::string& json_path, bool retune,
+             bool list, bool whole_grid) {
+  const Resolved res = resolve_shapes(so);
+  if (list) return cmd_list(so, res);
+  if (!require_gpu("tuning")) return kExitNoGpu;
+  int total = 0;
+  for (const auto& w : res.work) total += static_cast<int>(w.ops.size());
+  KernelCache jit(engine.cache_dir() + "/kernels");
+  TuneTally t;
+  int i = 0;
+  for (const auto& w : res.work)
+    for (Op op : w.ops) {
+      const NamedShape& s = w.shape;
+      ++i;
+      fmt::print("[{}/{}] {} {} {}\n", i, total, op_label(op, s.desc.norm), s.name, s.desc.str());
+      std::fflush(stdout);
+      const std::string key = shape_key(op, s.desc);
+      if (skip_cached(engine, w, op, key, retune || vs_untuned, t)) continue;
+      tune_one(engine, op, s, key, vs_untuned, whole_grid, jit, t);
+    }
+  fmt::print("tune: {} tuned, {} skipped (cached), {} failed; tuned configs stored in {}/tuned\n", t.tuned, t.skipped,
+             t.failed, engine.cache_dir());
+  if (!json_path.empty()) write_tune_json(json_path, t.rows);
+  return t.failed ? 1 : 0;
+}
+
+}  // namespace normjit::cli
