@@ -99,11 +99,12 @@ NJ_FP8_FN float fp8_to_fp32(unsigned char q, const Fp8Format& F) {
 
 // Scale rules of quantized outputs (normjit.hpp, QuantScaling), here so the
 // host tests check the kernels' own arithmetic against the float64 reference.
-// A dequantization scale from amax: amax / fmax, at least 2^-126 (kMinScale)
-// so that an all-zero group has a finite 1 / scale (and q = 0).
-NJ_FP8_FN float fp8_scale_of(float amax, float fmax) {
+// A dequantization scale from amax: amax / fmax, at least smin (2^-126,
+// kMinScale, unless the caller asks for more) so that an all-zero group has
+// a finite 1 / scale (and q = 0).
+NJ_FP8_FN float fp8_scale_of(float amax, float fmax, float smin) {
   const float s = amax / fmax;
-  return s > 0x1p-126f ? s : 0x1p-126f;  // NaN-free: amax never holds NaN
+  return s > smin ? s : smin;  // NaN-free: amax never holds NaN
 }
 // s (a positive normal) rounded up to a power of two (UE8M0 scales): y / scale stays in range.
 NJ_FP8_FN float fp8_pow2_ceil(float s) {

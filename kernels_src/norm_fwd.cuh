@@ -38,6 +38,11 @@ namespace nj {
 template <class S> constexpr auto peel_or0(int) -> decltype(S::PEEL + 0) { return S::PEEL; }
 template <class S> constexpr int peel_or0(long) { return 0; }
 template <class S> constexpr bool peel_of() { return peel_or0<S>(0) != 0; }
+// STORE_AMAX: a static scale's kernel that writes amax too (only its prelude
+// defines it), as peel_or0.
+template <class S> constexpr auto store_amax_or(int) -> decltype(S::STORE_AMAX + 0) { return S::STORE_AMAX; }
+template <class S> constexpr bool store_amax_or(long) { return false; }
+template <class S> constexpr bool store_amax_of() { return store_amax_or<S>(0) != 0; }
 
 // Staged kernels' weight staging (WB_WITH_ROW, WB_BATCH: only their preludes
 // define them, so the unstaged kernels' sources stay what they were).
@@ -312,7 +317,12 @@ template <class S> struct FwdRow {
                                            const Vec<typename S::w_t, S::VEC>& wv,
                                            const Vec<typename S::w_t, S::VEC>& bv, float (&v)[S::VEC]) const {
 #pragma unroll
-    for (int k = 0; k < S::VEC; ++k) v[k] = y_at(h, k, shift, m, rstd, wv, bv);
+    for (int k = 0; k < S::VEC; ++k) {
+      v[k] = y_at(h, k, shift, m, rstd, wv, bv);
+      // Llama: the y the unfused Llama forward would store (in x's dtype) is
+      // what gets quantized, as vLLM's fused quant norms do.
+      if constexpr (S::LLAMA) v[k] = round_to<typename S::x_t>(v[k]);
+    }
   }
 };
 
@@ -397,7 +407,10 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
   constexpr bool GROUPED = QUANT == nj::Q_GROUP || QUANT == nj::Q_MX;
   // Weight and bias staged ahead of the stores (LaunchConfig::stages 1).
   constexpr bool STAGED = S::STAGES > 0;
-  constexpr bool ROW_AMAX = QUANT == nj::Q_TOKEN || QUANT == nj::Q_TENSOR;
+  // A static scale that writes amax (delayed scaling) measures each row as it
+  // quantizes it, like the token and tensor scales.
+  constexpr bool STATIC_AMAX = nj::store_amax_of<S>();
+  constexpr bool ROW_AMAX = QUANT == nj::Q_TOKEN || QUANT == nj::Q_TENSOR || STATIC_AMAX;
   // Sums per reduction: one (register rows: sum of squares, or LayerNorm's
   // sum then squared deviations), two (two-pass rows: both at once).
   constexpr int K = S::TWO_PASS ? 2 : 1;
@@ -412,7 +425,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
   } else {
     // (Written apart: the kernels without tensor scaling then compile to
     // exactly the code they had before it existed; `group` is blockIdx.x.)
-    if constexpr (QUANT == nj::Q_TENSOR) row = group * S::ROWS + threadIdx.x / S::TPR;
+    if constexpr (QUANT == nj::Q_TENSOR || STATIC_AMAX) row = group * S::ROWS + threadIdx.x / S::TPR;
     else row = (long long)blockIdx.x * S::ROWS + threadIdx.x / S::TPR;
   }
   // Tensor scaling's first launch only measures.
@@ -583,11 +596,11 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     // Token rows of up to 32 elements a thread keep the y they computed for
     // the amax, rather than computing it again to store (the quantized
     // forward is bound by instruction issue on an H200, not by memory).
-    constexpr bool CACHE_Y = QUANT == nj::Q_TOKEN && L::ITERS * S::VEC <= 32;
+    constexpr bool CACHE_Y = (QUANT == nj::Q_TOKEN || STATIC_AMAX) && L::ITERS * S::VEC <= 32;
     float yc[CACHE_Y ? L::ITERS : 1][S::VEC];
     if constexpr (ROW_AMAX) {
       // Token and tensor scales need the row's amax before its first store.
-      if (QUANT == nj::Q_TOKEN || measure) {
+      if (QUANT == nj::Q_TOKEN || measure || STATIC_AMAX) {
 #pragma unroll
         for (int i = 0; i < L::ITERS; ++i) {
           if (valid && tc.in(i)) {
@@ -608,6 +621,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
           }
         }
       }
+      if constexpr (STATIC_AMAX) amax_acc = fmaxf(amax_acc, row_amax);
       if (measure) {
         amax_acc = fmaxf(amax_acc, row_amax);
         return;
@@ -731,7 +745,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     float row_amax = 0.f;
     if constexpr (ROW_AMAX) {
       // One more pass over the row (from L2) for its amax.
-      if (valid && (QUANT == nj::Q_TOKEN || measure)) {
+      if (valid && (QUANT == nj::Q_TOKEN || measure || STATIC_AMAX)) {
 #pragma unroll 4
         for (int c = lane; c < L::CHUNKS; c += S::TPR) {
           float v[S::VEC];
@@ -741,6 +755,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
             if (EXACT || (PEEL ? R.has(c * S::VEC + k) : c * S::VEC + k < S::N)) row_amax = fmaxf(row_amax, fabsf(v[k]));
         }
       }
+      if constexpr (STATIC_AMAX) amax_acc = fmaxf(amax_acc, row_amax);
       if (measure) {
         amax_acc = fmaxf(amax_acc, row_amax);
         return;
@@ -775,12 +790,12 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
 }
 
 // A template, so that `if constexpr` discards the paths a Spec does not take.
-// One program per row group, except with tensor scaling: its measuring
-// launch runs a resident-sized grid striding over the row groups, so that
-// few programs meet in the one atomic amax.
+// One program per row group, except where amax is written (tensor scaling,
+// a static scale with STORE_AMAX): a resident-sized grid strides over the row
+// groups, so that few programs meet in the one atomic amax.
 template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& a, const nj::QuantArgs& q) {
   float amax_acc = 0.f;
-  if constexpr (nj::quant_of<S>() != nj::Q_TENSOR) {
+  if constexpr (nj::quant_of<S>() != nj::Q_TENSOR && !nj::store_amax_of<S>()) {
     norm_fwd_rows<S>(a, q, S::CLUSTER > 1 ? 0 : blockIdx.x, amax_acc);
   } else {
     for (long long g = blockIdx.x; g * S::ROWS < a.M; g += gridDim.x) norm_fwd_rows<S>(a, q, g, amax_acc);

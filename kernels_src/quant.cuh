@@ -58,8 +58,8 @@ struct QuantOps {
   }
 
   // The scale rules (fp8.cuh, shared with the host tests).
-  template <class Q> static __device__ __forceinline__ float scale_of(float amax) {
-    return fp8_scale_of(amax, Fp8Limits<Q>::MAX);
+  template <class Q> static __device__ __forceinline__ float scale_of(float amax, const QuantArgs& q) {
+    return fp8_scale_of(amax, Fp8Limits<Q>::MAX, q.scale_min);
   }
   static __device__ __forceinline__ float pow2_ceil(float s) { return fp8_pow2_ceil(s); }
   template <class Q> static __device__ __forceinline__ int mx_exponent(float amax) {
@@ -132,11 +132,11 @@ struct QuantOps {
       return 1.f / *static_cast<const float*>(q.scale);
     } else if constexpr (S::QUANT == Q_TENSOR) {
       // Phase 1: the amax phase 0 left; every program derives the same scale.
-      const float sc = scale_of<y_t>(*q.amax);
+      const float sc = scale_of<y_t>(*q.amax, q);
       if (lane0 && row == 0) *static_cast<float*>(q.scale) = sc;
       return 1.f / sc;
     } else if constexpr (S::QUANT == Q_TOKEN) {
-      float sc = scale_of<y_t>(row_amax);
+      float sc = scale_of<y_t>(row_amax, q);
       if (q.scale_ub > 0.f) sc = fminf(sc, q.scale_ub);
       if (lane0) static_cast<float*>(q.scale)[row] = sc;
       return 1.f / sc;
@@ -164,7 +164,8 @@ struct QuantOps {
       if (first) static_cast<unsigned char*>(q.scale)[row * (S::N / S::QGROUP) + g] = static_cast<unsigned char>(e + 127);
       return exp2i(-e);
     } else {
-      float sc = scale_of<y_t>(am);
+      float sc = scale_of<y_t>(am, q);
+      if (q.scale_ub > 0.f) sc = fminf(sc, q.scale_ub);
       if constexpr (S::UE8M0) sc = pow2_ceil(sc);
       if (first) static_cast<float*>(q.scale)[S::COLMAJOR ? g * q.scale_ld + row : row * (S::N / S::QGROUP) + g] = sc;
       return 1.f / sc;

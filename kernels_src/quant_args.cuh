@@ -14,7 +14,8 @@ struct QuantArgs {
   void* y_hp;            // y unquantized, y's strides
   void* y_t;             // q transposed: [N, M]
   long long scale_ld;    // column-major group scales: elements between two groups' scale rows
-  float scale_ub;        // per-token: upper bound on a scale (0: none)
+  float scale_ub;        // per-token and per-group: upper bound on a scale (0: none)
+  float scale_min;       // least computed scale (> 0: the engine resolves 0 to 2^-126)
   int phase;             // per-tensor current scaling: 0 finds amax, 1 quantizes
 };
 

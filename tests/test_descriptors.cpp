@@ -410,7 +410,17 @@ TEST_CASE("descriptors: FP8 fields are validated, naming the field and its value
   check_invalid([&] { parse_shape_spec("rms:bf16:64x1000:quant=e4m3/group128"); }, {"quant_group = 128", "N = 1000"});
   check_invalid([&] { parse_shape_spec("rms:bf16:64x1000:quant=e4m3/mx32"); }, {"mx32", "N = 1000"});
   check_invalid([&] { parse_shape_spec("rms:bf16:64x1024:quant=e4m3/token:ue8m0"); }, {"scale_ue8m0", "quant = token"});
-  check_invalid([&] { parse_shape_spec("rms:bf16:64x1024:quant=e4m3/group64:ub=2"); }, {"scale_ub = 2", "quant = group"});
+  check_invalid([&] { parse_shape_spec("rms:bf16:64x1024:quant=e4m3/mx32:ub=2"); }, {"scale_ub = 2", "quant = mx32"});
+  check_invalid([&] { parse_shape_spec("rms:bf16:64x1024:quant=e4m3/token:amax"); }, {"store_amax", "tensor-static"});
+  check_invalid([&] { parse_shape_spec("rms:bf16:64x1024:quant=e4m3/mx32:smin=0.001"); }, {"scale_min = 0.001", "mx32"});
+  {
+    NormDesc tiny = parse_shape_spec("rms:bf16:64x1024:quant=e4m3/token").desc;
+    tiny.scale_min = 1e-40f;  // subnormal: 1 / scale would overflow
+    check_invalid([&] { tiny.validate(); }, {"scale_min", "2^-126"});
+  }
+  check_invalid([&] { parse_shape_spec("rms:bf16:64x1024:quant=e4m3/group128:x_stride=1026"); },
+                {"quant_group = 128", "1026", "multiples of 4"});
+  CHECK_NOTHROW(parse_shape_spec("rms:bf16:64x1024:quant=e4m3/group64:x_stride=1026:ub=0.01:smin=0.0001"));
   check_invalid([&] { parse_shape_spec("rms:bf16:64x1024:quant=e4m3/token:transpose"); }, {"store_y_t", "quant = token"});
   check_invalid([&] { parse_shape_spec("rms:bf16:64x1024:yhp"); }, {"store_y_hp", "quant"});
   check_invalid([&] { parse_shape_spec("rms:bf16:64x1000:x=e4m3/group16"); }, {"x_group = 16", "N = 1000"});

@@ -137,6 +137,13 @@ std::vector<Variant> fp8_variants(std::int64_t M, std::int64_t N, DType t) {
       {"rms", ":x=e4m3/group128:res"},
       {"rms", ":x=e4m3/group16:quant=e4m3/tensor:transpose"},
       {"ln", ":x=e4m3/group16:quant=e4m3/group128:ue8m0"},
+      // The conventions' switches: Llama rounding before quantization with
+      // a least scale (vLLM), a cap on group scales, amax of a static scale
+      // (TransformerEngine's delayed scaling).
+      {"rms", ":quant=e4m3/token:cast=llama:smin=0.0001"},
+      {"rms", ":quant=e4m3/group64:ub=0.002:smin=0.00001"},
+      {"rms", ":quant=e4m3/tensor-static:amax"},
+      {"ln", ":quant=e5m2/tensor-static:amax:transpose"},
   };
   std::vector<Variant> out;
   for (const auto& [norm, opts] : sets) {

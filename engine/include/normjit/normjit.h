@@ -155,12 +155,16 @@ typedef struct normjit_norm_desc {
   int32_t scale_ue8m0;         /**< GROUP: scales rounded up to powers of two; default 0 */
   int32_t scale_col_major;     /**< GROUP: scales [N / G, scale_stride]; default 0 */
   int64_t scale_stride;        /**< GROUP, column-major: row stride of the scales (0: M) */
-  float scale_ub;              /**< TOKEN: upper bound on a row's scale (0: none) */
+  float scale_ub;              /**< TOKEN, GROUP: upper bound on a row's or group's scale (0: none) */
   int32_t store_y_hp;          /**< also write y unquantized (y_hp, y's strides); default 0 */
   int32_t y_hp_dtype;          /**< y_hp: fp32, fp16 or bf16; default NORMJIT_BF16 */
   int32_t store_y_t;           /**< TENSOR(_STATIC): also write q transposed, [N, M]; default 0 */
   int32_t x_group;             /**< FP8 x: elements per x scale (16, 32, 128; divides N); default 16 */
   int32_t grad_dtype;          /**< dy and dx of a backward with an FP8 x or y; default NORMJIT_BF16 */
+  /* C API version 2, later: a struct_size without these two fields (a
+   * header before them) is still accepted and reads them as 0. */
+  float scale_min;             /**< TENSOR, TOKEN, GROUP: least computed scale (0: 2^-126); vLLM's is 1 / (fmax * 512) */
+  int32_t store_amax;          /**< TENSOR_STATIC: also write amax = max |y| ([1] fp32; delayed scaling); default 0 */
 } normjit_norm_desc;
 
 /** Device tensors of a forward call; which must be non-NULL follows the
@@ -177,7 +181,7 @@ typedef struct normjit_forward_tensors {
   void* rstd;           /**< [M] fp32 (desc.store_rstd) */
   const void* x_scale;  /**< FP8 x: [M, N / x_group] fp32 */
   void* y_scale;        /**< quantized y: its scales (an input for TENSOR_STATIC) */
-  void* amax;           /**< TENSOR: [1] fp32, max |y| of this call */
+  void* amax;           /**< TENSOR, or TENSOR_STATIC with store_amax: [1] fp32, max |y| of this call */
   void* y_hp;           /**< desc.store_y_hp: [M, N] rows, y_hp_dtype */
   void* y_t;            /**< desc.store_y_t: [N, M] y_dtype */
 } normjit_forward_tensors;

@@ -53,24 +53,32 @@ DType parse_dtype(const std::string& text, const char* what = "dtype");
 /// How a quantized (FP8) y is scaled. One convention everywhere: scales
 /// are dequantization scales, x ~= q * scale, and q = saturate(round(y / scale))
 /// (round to nearest even, saturated to the finite range, NaN kept), with y
-/// the fp32 output of the norm and fmax = fp8_max(y_dtype):
-///   TensorStatic: the caller's scale (y_scale, [1] fp32, an input).
+/// the fp32 output of the norm (with CastMode::Llama, y rounded to x's dtype
+/// first: what the unfused Llama forward would store), fmax =
+/// fp8_max(y_dtype) and smin = scale_min, or kMinScale when scale_min is 0:
+///   TensorStatic: the caller's scale (y_scale, [1] fp32, an input); with
+///                 store_amax, amax = max |y| is written too (delayed
+///                 scaling: TransformerEngine's next scale comes from it).
 ///   Tensor:       current scaling: amax = max |y| over the whole output
-///                 (written to `amax`), scale = max(amax / fmax, kMinScale)
+///                 (written to `amax`), scale = max(amax / fmax, smin)
 ///                 ([1] fp32). Two launches: the first finds amax (reading x
 ///                 once), the second recomputes y and quantizes.
-///   Token:        per row: scale[i] = max(amax_i / fmax, kMinScale), capped
+///   Token:        per row: scale[i] = max(amax_i / fmax, smin), capped
 ///                 at scale_ub when scale_ub > 0 ([M] fp32).
 ///   Group:        per 1 x G group of a row (G = quant_group: 16, 32, 64 or
-///                 128): scale[i, g] = max(amax_ig / fmax, kMinScale),
-///                 rounded up to a power of two with scale_ue8m0 ([M, N / G]
+///                 128): scale[i, g] = max(amax_ig / fmax, smin), capped
+///                 at scale_ub when scale_ub > 0, then rounded up to a
+///                 power of two with scale_ue8m0 ([M, N / G]
 ///                 fp32, row-major; scale_col_major: [N / G, M] with row
 ///                 stride scale_stride, the layout DeepGEMM-style GEMMs read).
 ///   MX:           OCP MX v1.0 MXFP8: 1 x 32 groups with a shared exponent
 ///                 e = clamp(floor(log2(amax_ig)) - emax, -127, 127) (emax = 8
 ///                 for E4M3, 15 for E5M2; an all-zero group gets -127),
 ///                 scale = 2^e stored as E8M0 (uint8 e + 127, [M, N / 32]).
-/// kMinScale guards all-zero groups (their q is 0).
+/// smin guards all-zero groups (their q is 0). vLLM's fused quant norms use
+/// smin = 1 / (fmax * 512), and cap amax (not the scale) at their scale_ub:
+/// min(amax, ub) / fmax = min(amax / fmax, ub / fmax) exactly, so their ub
+/// is scale_ub = ub / fmax here.
 enum class QuantScaling : std::uint8_t { None = 0, TensorStatic = 1, Tensor = 2, Token = 3, Group = 4, MX = 5 };
 /// The smallest scale a computed scale may have: 2^-126 (the smallest normal
 /// fp32), so 1 / scale is finite.
@@ -219,7 +227,9 @@ struct NormDesc {
   bool scale_ue8m0 = false;       ///< Group: scales rounded up to powers of two (UE8M0 values, kept in fp32)
   bool scale_col_major = false;   ///< Group: scales [N / G, M] instead of [M, N / G]
   std::int64_t scale_stride = 0;  ///< Group, column-major: elements between the scale rows of two groups (0: M; else >= M)
-  float scale_ub = 0.f;           ///< Token: upper bound on a row's scale (0: none)
+  float scale_ub = 0.f;           ///< Token, Group: upper bound on a row's or group's scale (0: none)
+  float scale_min = 0.f;          ///< Tensor, Token, Group: least computed scale, smin (0: kMinScale)
+  bool store_amax = false;        ///< TensorStatic: also write amax = max |y| of this call ([1] fp32; delayed scaling)
   bool store_y_hp = false;        ///< quantized y: also write y unquantized to y_hp (y's strides, y_hp_dtype)
   DType y_hp_dtype = DType::BF16; ///< y_hp: fp32, fp16 or bf16
   bool store_y_t = false;         ///< TensorStatic / Tensor: also write q transposed, [N, M] (row stride M), y_dtype

@@ -3,6 +3,7 @@
 // NORMJIT_INTERNAL, and the message is kept per thread.
 #include "normjit/normjit.h"
 
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -109,6 +110,14 @@ void require_struct_size(std::uint32_t got, std::size_t known, const char* what,
                               what, got, type, known, NORMJIT_C_API_VERSION, init));
 }
 
+// normjit_norm_desc's sizes: now, and before scale_min and store_amax joined it (offsetof
+// rounded up to the struct's alignment).
+constexpr std::size_t kDescSize = sizeof(normjit_norm_desc);
+constexpr std::size_t kDescSizeV2 =
+    (offsetof(normjit_norm_desc, scale_min) + alignof(normjit_norm_desc) - 1) / alignof(normjit_norm_desc) *
+    alignof(normjit_norm_desc);
+static_assert(kDescSizeV2 < kDescSize, "scale_min must be the last field of normjit_norm_desc");
+
 bool to_bool(std::int32_t v, const char* field) {
   if (v != 0 && v != 1) throw invalid(fmt::format("desc->{} = {} must be 0 or 1", field, v));
   return v == 1;
@@ -128,8 +137,9 @@ normjit::Op to_op(std::int32_t v) {
 
 normjit::NormDesc to_cpp(const normjit_norm_desc* c) {
   require_non_null(c, "desc");
-  require_struct_size(c->struct_size, sizeof(normjit_norm_desc), "desc", "normjit_norm_desc",
-                      "normjit_norm_desc_init");
+  // The struct of a header before scale_min is accepted: it reads scale_min = 0.
+  if (c->struct_size != kDescSizeV2)
+    require_struct_size(c->struct_size, kDescSize, "desc", "normjit_norm_desc", "normjit_norm_desc_init");
   normjit::NormDesc d;
   if (c->norm != NORMJIT_NORM_RMS && c->norm != NORMJIT_NORM_LAYER)
     throw invalid(fmt::format("desc->norm = {} is not NORMJIT_NORM_RMS (0) or NORMJIT_NORM_LAYER (1)", c->norm));
@@ -182,6 +192,10 @@ normjit::NormDesc to_cpp(const normjit_norm_desc* c) {
   d.store_y_t = to_bool(c->store_y_t, "store_y_t");
   d.x_group = c->x_group;
   d.grad_dtype = to_dtype(c->grad_dtype, "grad_dtype");
+  if (c->struct_size >= kDescSize) {
+    d.scale_min = c->scale_min;
+    d.store_amax = to_bool(c->store_amax, "store_amax");
+  }
   // Named errors for the shape before any engine work (no GPU needed).
   d.validate();
   return d;
@@ -349,6 +363,8 @@ int normjit_norm_desc_init(normjit_norm_desc* desc) {
     c.store_y_t = d.store_y_t;
     c.x_group = d.x_group;
     c.grad_dtype = static_cast<std::int32_t>(d.grad_dtype);
+    c.scale_min = d.scale_min;
+    c.store_amax = d.store_amax;
     *desc = c;
   });
 }

@@ -25,7 +25,7 @@ ForwardTensors used_tensors(const NormDesc& d, const ForwardTensors& t) {
   ForwardTensors u = t;
   if (!is_fp8(d.x_dtype)) u.x_scale = nullptr;
   if (!quant) u.y_scale = nullptr;
-  if (d.quant != QuantScaling::Tensor) u.amax = nullptr;
+  if (d.quant != QuantScaling::Tensor && !d.store_amax) u.amax = nullptr;
   if (!quant || !d.store_y_hp) u.y_hp = nullptr;
   if (!d.store_y_t) u.y_t = nullptr;
   if (!d.has_weight) u.weight = nullptr;
@@ -63,6 +63,7 @@ void require_forward(const NormDesc& d, const ForwardTensors& t) {
   if (is_fp8(d.x_dtype)) require(t.x_scale, "x_scale", "an FP8 x_dtype", op, d);
   if (quant) require(t.y_scale, "y_scale", "a quantized y", op, d);
   if (d.quant == QuantScaling::Tensor) require(t.amax, "amax", "quant = tensor", op, d);
+  if (d.store_amax) require(t.amax, "amax", "store_amax", op, d);
   if (quant && d.store_y_hp) require(t.y_hp, "y_hp", "store_y_hp", op, d);
   if (d.store_y_t) require(t.y_t, "y_t", "store_y_t", op, d);
 }

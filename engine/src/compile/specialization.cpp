@@ -105,6 +105,8 @@ std::string KernelSpec::source() const {
                      static_cast<int>(v.quant), v.qgroup);
     s += fmt::format("  static constexpr bool UE8M0 = {}, COLMAJOR = {}, STORE_YHP = {}, STORE_YT = {};\n", v.ue8m0,
                      v.colmajor, v.store_yhp, v.store_yt);
+    // Only the kernels that write it name it: the others' sources stay as they were.
+    if (v.store_amax) s += "  static constexpr bool STORE_AMAX = true;\n";
   }
   s += fmt::format("}};\n#include \"{}\"\n", template_file());
   return s;

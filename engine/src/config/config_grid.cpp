@@ -56,16 +56,6 @@ int max_vec(Op op, const NormDesc& d, const Variant& v) {
   return vec;
 }
 
-std::vector<std::int64_t> row_strides(Op op, const NormDesc& d) {
-  const bool h3 = d.heads > 1;  // head strides exist for 3-D rows only
-  if (op == Op::Forward)
-    return {d.x_ld(), h3 ? d.x_hs() : 0, d.y_ld(), h3 ? d.y_hs() : 0, d.residual ? d.residual_ld() : 0,
-            d.store_residual_out ? d.residual_out_ld() : 0};
-  // The backward of a fused residual add reads h (residual_out) as its x.
-  return {d.dy_ld(), h3 ? d.dy_hs() : 0, d.residual ? d.residual_out_ld() : d.x_ld(), h3 ? d.x_hs() : 0, d.dx_ld(),
-          h3 ? d.dx_hs() : 0, d.has_dresidual ? d.dresidual_ld() : 0};
-}
-
 namespace {
 // Elements of a row one thread handles, and whether that fits the register
 // budget (a 1024-thread block gets half: 64 registers a thread at most).

@@ -33,10 +33,6 @@ bool dweight_in_smem(Op op, const NormDesc& desc, const Variant& v, const Launch
 /// (whole chunks of cfg.vec).
 std::int64_t slice_columns(std::int64_t N, const LaunchConfig& cfg);
 
-/// Element strides between the rows (and heads) of every tensor `op` moves
-/// in vectors: a vector never straddles two rows, so vec must divide each.
-std::vector<std::int64_t> row_strides(Op op, const NormDesc& desc);
-
 /// Whether `op`'s rows under vectors of `vec` are peeled (norm_fwd.cuh's
 /// FwdRow): a forward row of plain dtypes (neither FP8 in nor out) whose row
 /// strides are not all multiples of vec (an odd N, say) starts anywhere in a

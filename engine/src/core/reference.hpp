@@ -61,7 +61,7 @@ inline std::size_t scale_index(const NormDesc& d, std::size_t i, std::size_t g) 
 /// The scale of a tensor, row or group whose amax is `a` (QuantScaling):
 /// max(a / fmax, 2^-126), with a / fmax first scaled by (1 + rel) (0 for the
 /// reference; a bound passes the fp32 rounding it allows), capped at
-/// scale_ub (Token), rounded up to a power of two (UE8M0); MX: 2^e with
+/// scale_ub (Token, Group), rounded up to a power of two (UE8M0); MX: 2^e with
 /// e = clamp(floor(log2 a) - emax, -127, 127).
 inline double scale_rule(const NormDesc& d, double a, double rel = 0) {
   if (d.quant == QuantScaling::MX) {
@@ -69,8 +69,10 @@ inline double scale_rule(const NormDesc& d, double a, double rel = 0) {
     const int e = a >= 0x1p-126 ? static_cast<int>(std::floor(std::log2(a))) : -127;
     return std::ldexp(1.0, std::clamp(e - emax, -127, 127));
   }
-  double s = std::fmax(a / fp8_max(d.y_dtype) * (1 + rel), static_cast<double>(kMinScale));
-  if (d.quant == QuantScaling::Token && d.scale_ub > 0) s = std::fmin(s, static_cast<double>(d.scale_ub));
+  const double smin = d.scale_min > 0.f ? d.scale_min : kMinScale;
+  double s = std::fmax(a / fp8_max(d.y_dtype) * (1 + rel), smin);
+  if ((d.quant == QuantScaling::Token || d.quant == QuantScaling::Group) && d.scale_ub > 0)
+    s = std::fmin(s, static_cast<double>(d.scale_ub));
   if (d.scale_ue8m0) s = std::ldexp(1.0, static_cast<int>(std::ceil(std::log2(s))));
   return s;
 }
@@ -94,10 +96,10 @@ inline void quantize_reference(const NormDesc& d, const HostTensors& in, HostTen
     case QuantScaling::TensorStatic:
     case QuantScaling::Tensor: {
       double s = in.count("y_scale") ? in.at("y_scale")[0] : 0.0;
+      double a = 0;
+      for (std::size_t i = 0; i < M; ++i) a = std::fmax(a, amax_of(i, 0, N));
+      if (d.quant == QuantScaling::Tensor || d.store_amax) out["amax"] = {a};
       if (d.quant == QuantScaling::Tensor) {
-        double a = 0;
-        for (std::size_t i = 0; i < M; ++i) a = std::fmax(a, amax_of(i, 0, N));
-        out["amax"] = {a};
         s = scale_rule(d, a);
         sc = {s};
       } else {
@@ -191,6 +193,8 @@ inline HostTensors forward_reference(const NormDesc& d, const HostTensors& in) {
         if (d.cast_mode == CastMode::Llama) v = round_as(d.x_dtype, v);
         if (w) v *= w[j] + d.weight_offset;
         if (b) v += b[j];
+        // A quantized Llama y quantizes what the Llama forward stores.
+        if (d.cast_mode == CastMode::Llama && d.quant != QuantScaling::None) v = round_as(d.x_dtype, v);
         y[i * N + j] = v;
       }
     }
@@ -293,6 +297,10 @@ inline QuantBounds quant_bounds(const NormDesc& d, const HostTensors& in, const 
         const double slack = fp32_gamma(3) * (std::fmax(std::fabs(a), std::fabs(c)) + std::fabs(bj));
         ylo[i * N + j] = std::fmin(a, c) + bj - slack;
         yhi[i * N + j] = std::fmax(a, c) + bj + slack;
+        if (d.cast_mode == CastMode::Llama) {  // rounding is monotone: the interval's ends bound it
+          ylo[i * N + j] = round_as(d.x_dtype, ylo[i * N + j]);
+          yhi[i * N + j] = round_as(d.x_dtype, yhi[i * N + j]);
+        }
       }
     }
   });
@@ -309,8 +317,9 @@ inline QuantBounds quant_bounds(const NormDesc& d, const HostTensors& in, const 
   QuantBounds qb;
   switch (d.quant) {
     case QuantScaling::None: return qb;
-    case QuantScaling::TensorStatic: break;
+    case QuantScaling::TensorStatic:
     case QuantScaling::Tensor: {
+      if (d.quant == QuantScaling::TensorStatic && !d.store_amax) break;
       double lo = 0, hi = 0;
       for (std::size_t i = 0; i < M; ++i) {
         const auto [l, h] = amax_of(i, 0, N);
@@ -318,8 +327,10 @@ inline QuantBounds quant_bounds(const NormDesc& d, const HostTensors& in, const 
       }
       qb.amax_lo = {lo};
       qb.amax_hi = {hi};
-      qb.scale_lo = {scale_rule(d, lo, -u)};
-      qb.scale_hi = {scale_rule(d, hi, u)};
+      if (d.quant == QuantScaling::Tensor) {  // a static scale is the caller's
+        qb.scale_lo = {scale_rule(d, lo, -u)};
+        qb.scale_hi = {scale_rule(d, hi, u)};
+      }
       break;
     }
     case QuantScaling::Token:

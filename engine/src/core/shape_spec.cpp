@@ -52,12 +52,14 @@ void apply_option(NormDesc& d, const std::string& key, const std::string& val) {
   } else if (key == "ue8m0") d.scale_ue8m0 = true;
   else if (key == "colmajor") d.scale_col_major = true;
   else if (key == "ub") d.scale_ub = std::stof(val);
+  else if (key == "smin") d.scale_min = std::stof(val);
+  else if (key == "amax") d.store_amax = true;
   else if (key == "yhp") {
     d.store_y_hp = true;
     if (!val.empty()) d.y_hp_dtype = parse_dtype(val, "yhp");
   } else if (key == "transpose") d.store_y_t = true;
   else if (key == "grad") d.grad_dtype = parse_dtype(val, "grad");
-  else throw Error(ErrorKind::InvalidArgument, fmt::format("option '{}' is not one of w, y, res, fp32sum, dres, nw, nb, off, cast, eps, heads, x_stride, ro, noro, norstd, nomean, quant, x, ue8m0, colmajor, ub, yhp, transpose, grad", key));
+  else throw Error(ErrorKind::InvalidArgument, fmt::format("option '{}' is not one of w, y, res, fp32sum, dres, nw, nb, off, cast, eps, heads, x_stride, ro, noro, norstd, nomean, quant, x, ue8m0, colmajor, ub, smin, amax, yhp, transpose, grad", key));
 }
 }  // namespace
 
@@ -128,6 +130,8 @@ std::string shape_spec(const NormDesc& d) {
     if (d.scale_ue8m0) s += ":ue8m0";
     if (d.scale_col_major) s += ":colmajor";
     if (d.scale_ub != 0.f) s += fmt::format(":ub={}", d.scale_ub);
+    if (d.scale_min != 0.f) s += fmt::format(":smin={}", d.scale_min);
+    if (d.store_amax) s += ":amax";
     if (d.store_y_hp) s += fmt::format(":yhp={}", dtype_name(d.y_hp_dtype));
     if (d.store_y_t) s += ":transpose";
   }

@@ -30,8 +30,10 @@ std::vector<TensorSpec> op_tensors(Op op, const NormDesc& d) {
     if (ln && d.store_mean) v.push_back(vec("mean", true, DType::F32, d.M));
     if (d.store_rstd) v.push_back(vec("rstd", true, DType::F32, d.M));
     switch (d.quant) {
-      case QuantScaling::None:
-      case QuantScaling::TensorStatic: break;
+      case QuantScaling::None: break;
+      case QuantScaling::TensorStatic:
+        if (d.store_amax) v.push_back(vec("amax", true, DType::F32, 1));
+        break;
       case QuantScaling::Tensor:
         v.push_back(vec("y_scale", true, DType::F32, 1));
         v.push_back(vec("amax", true, DType::F32, 1));

@@ -1,4 +1,5 @@
 // Names, parsing and validation of the public value types.
+#include <algorithm>
 #include <cmath>
 #include <regex>
 #include <tuple>
@@ -6,6 +7,8 @@
 #include <fmt/format.h>
 
 #include "normjit/normjit.hpp"
+
+#include "core/variant.hpp"
 
 namespace normjit {
 
@@ -140,6 +143,14 @@ void validate_fp8(const NormDesc& d) {
       throw bad(fmt::format("quant_group = {} must be 16, 32, 64 or 128", d.quant_group));
     if (d.N % d.quant_group)
       throw bad(fmt::format("quant_group = {} does not divide N = {} (a group of a row must be whole)", d.quant_group, d.N));
+    // A group's lanes meet in one warp shuffle, so a group spans at most 32
+    // vectors: rows must allow vectors of G / 32 elements.
+    const std::int64_t least_vec = std::max(1, d.quant_group / 32);
+    for (std::int64_t s : detail::row_strides(Op::Forward, d))
+      if (s % least_vec)
+        throw bad(fmt::format("quant_group = {} reads rows in vectors of at least {} elements, but a row stride is {} "
+                              "(x_stride, y_stride, residual_stride: multiples of {})",
+                              d.quant_group, least_vec, s, least_vec));
   }
   if (d.quant == QuantScaling::MX && d.N % 32)
     throw bad(fmt::format("quant = mx32 needs N a multiple of 32 (whole MX blocks), but N = {}", d.N));
@@ -148,8 +159,19 @@ void validate_fp8(const NormDesc& d) {
   if (d.scale_stride != 0 && (!d.scale_col_major || d.scale_stride < d.M))
     throw bad(fmt::format("scale_stride = {} needs scale_col_major and must be >= M = {}", d.scale_stride, d.M));
   if (!std::isfinite(d.scale_ub) || d.scale_ub < 0) throw bad(fmt::format("scale_ub = {} must be finite and >= 0", d.scale_ub));
-  if (d.scale_ub != 0.f && d.quant != QuantScaling::Token)
-    throw bad(fmt::format("scale_ub = {} is for quant = token, but quant = {}", d.scale_ub, qn));
+  if (d.scale_ub != 0.f && d.quant != QuantScaling::Token && d.quant != QuantScaling::Group)
+    throw bad(fmt::format("scale_ub = {} is for quant = token or group, but quant = {}", d.scale_ub, qn));
+  if (!std::isfinite(d.scale_min) || d.scale_min < 0)
+    throw bad(fmt::format("scale_min = {} must be finite and >= 0", d.scale_min));
+  if (d.scale_min != 0.f && d.quant != QuantScaling::Token && d.quant != QuantScaling::Tensor &&
+      d.quant != QuantScaling::Group)
+    throw bad(fmt::format("scale_min = {} is for computed scales (quant = tensor, token or group), but quant = {}",
+                          d.scale_min, qn));
+  if (d.scale_min != 0.f && d.scale_min < kMinScale)
+    throw bad(fmt::format("scale_min = {} is below 2^-126 (1 / scale must be finite); 0 means 2^-126", d.scale_min));
+  if (d.store_amax && d.quant != QuantScaling::TensorStatic)
+    throw bad(fmt::format("store_amax = true is for quant = tensor-static (current scaling writes amax anyway), but "
+                          "quant = {}", qn));
   if (d.store_y_hp && d.quant == QuantScaling::None) throw bad("store_y_hp = true needs a quantized y (quant != none)");
   if (d.store_y_t) {
     if (d.quant != QuantScaling::TensorStatic && d.quant != QuantScaling::Tensor)
@@ -232,6 +254,8 @@ std::string NormDesc::str() const {
     if (quant == QuantScaling::Group)
       s += fmt::format("{}{}{}", quant_group, scale_ue8m0 ? ":ue8m0" : "", scale_col_major ? ":colmajor" : "");
     if (scale_ub != 0.f) s += fmt::format(" scale_ub={}", scale_ub);
+    if (scale_min != 0.f) s += fmt::format(" scale_min={}", scale_min);
+    if (store_amax) s += " amax";
     if (store_y_hp) s += fmt::format(" y_hp={}", dtype_name(y_hp_dtype));
     if (store_y_t) s += " transpose";
   }

@@ -33,8 +33,19 @@ std::string Variant::tags(KernelKind kind) const {
     if (quant == QuantScaling::Group) s += fmt::format("{}{}{}", qgroup, ue8m0 ? ":ue8m0" : "", colmajor ? ":colmajor" : "");
     if (store_yhp) s += fmt::format(":yhp={}", dtype_name(yhp));
     if (store_yt) s += ":yt";
+    if (store_amax) s += ":amax";
   }
   return s;
+}
+
+std::vector<std::int64_t> row_strides(Op op, const NormDesc& d) {
+  const bool h3 = d.heads > 1;  // head strides exist for 3-D rows only
+  if (op == Op::Forward)
+    return {d.x_ld(), h3 ? d.x_hs() : 0, d.y_ld(), h3 ? d.y_hs() : 0, d.residual ? d.residual_ld() : 0,
+            d.store_residual_out ? d.residual_out_ld() : 0};
+  // The backward of a fused residual add reads h (residual_out) as its x.
+  return {d.dy_ld(), h3 ? d.dy_hs() : 0, d.residual ? d.residual_out_ld() : d.x_ld(), h3 ? d.x_hs() : 0, d.dx_ld(),
+          h3 ? d.dx_hs() : 0, d.has_dresidual ? d.dresidual_ld() : 0};
 }
 
 Variant make_variant(Op op, const NormDesc& d) {
@@ -72,6 +83,7 @@ Variant make_variant(Op op, const NormDesc& d) {
     v.store_yhp = d.quant != QuantScaling::None && d.store_y_hp;
     if (v.store_yhp) v.yhp = d.y_hp_dtype;
     v.store_yt = d.store_y_t;
+    v.store_amax = d.quant == QuantScaling::TensorStatic && d.store_amax;
   } else {
     v.y = d.dy_dtype();
     v.dx = d.dx_dtype();

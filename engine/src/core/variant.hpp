@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "normjit/normjit.hpp"
 
@@ -40,6 +41,7 @@ struct Variant {
   int qgroup = 0;           ///< Group: G; MX: 32; else 0
   bool ue8m0 = false, colmajor = false;
   bool store_yhp = false, store_yt = false;
+  bool store_amax = false;  ///< TensorStatic: amax of y written too
   DType yhp = DType::BF16;  ///< y_hp's dtype (store_yhp)
   int xgroup = 0;           ///< FP8 x (forward, or the backward's normalised input): QB; else 0
 
@@ -50,6 +52,10 @@ struct Variant {
   /// fp32 partial rows per program of the backward: dw (has_w) and db (has_b).
   int partials() const { return (has_w ? 1 : 0) + (has_b ? 1 : 0); }
 };
+
+/// Element strides between the rows (and heads) of every tensor `op` moves
+/// in vectors: a vector never straddles two rows, so vec must divide each.
+std::vector<std::int64_t> row_strides(Op op, const NormDesc& desc);
 
 /// The variant of `op` for `desc`.
 Variant make_variant(Op op, const NormDesc& desc);

@@ -59,6 +59,7 @@ void launch_forward(const LoadedKernel& k, const NormDesc& d, const nj::NormArgs
   q.y_t = t.y_t;
   q.scale_ld = d.scale_ld();
   q.scale_ub = d.scale_ub;
+  q.scale_min = d.scale_min > 0.f ? d.scale_min : kMinScale;
   void* args[] = {&a, &q};
   if (d.quant == QuantScaling::Tensor) {
     // Current scaling in two launches: the first reads the rows once for
@@ -67,6 +68,12 @@ void launch_forward(const LoadedKernel& k, const NormDesc& d, const nj::NormArgs
     NJ_CU(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(t.amax), 0, 1, s));
     k.launch(resident, g.block, s, args);
     q.phase = 1;
+  } else if (d.store_amax) {
+    // A static scale that writes amax: one launch, quantizing and measuring,
+    // striding over the rows in a resident-sized grid as the amax pass does.
+    NJ_CU(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(t.amax), 0, 1, s));
+    k.launch(resident, g.block, s, args);
+    return;
   }
   k.launch(g.grid, g.block, s, args);
 }

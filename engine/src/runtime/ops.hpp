@@ -20,7 +20,8 @@ nj::NormArgs row_layout(const NormDesc& d, bool backward);
 /// The forward on `k` (compiled for `d`) with the tensors of `t`.
 void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardTensors& t, int sm_count, CUstream s);
 /// The same with geometry and layout already derived (a Plan's launch);
-/// `resident` is amax_grid's: per-tensor current scaling's first pass.
+/// `resident` is amax_grid's: per-tensor current scaling's first pass, and
+/// the one launch of a static scale that writes amax.
 void launch_forward(const LoadedKernel& k, const NormDesc& d, const nj::NormArgs& layout, const ForwardTensors& t,
                     const Geometry& g, unsigned resident, CUstream s);
 /// Grid of the amax pass of per-tensor current scaling: resident-sized, so

@@ -23,7 +23,7 @@ std::array<std::int64_t, sizeof...(A)> words(A... a) {
 
 // A field added to NormDesc changes its size: add it to plan_key too (a plan
 // reused across descriptors that differ in it would launch the wrong kernel).
-static_assert(sizeof(NormDesc) == 184, "NormDesc changed: update plan_key and this size");
+static_assert(sizeof(NormDesc) == 192, "NormDesc changed: update plan_key and this size");
 
 std::size_t PlanKeyHash::operator()(const PlanKey& k) const {
   return static_cast<std::size_t>(XXH3_64bits(k.w.data(), sizeof k.w));
@@ -51,7 +51,7 @@ PlanKey plan_key(Op op, const NormDesc& d, std::int64_t alignment) {
               bits(d.eps), d.has_weight, d.has_bias, bits(d.weight_offset), d.residual, d.store_residual_out,
               d.residual_rounding, d.has_dresidual, d.cast_mode, d.store_rstd, d.store_mean, d.quant, d.quant_group,
               d.scale_ue8m0, d.scale_col_major, d.scale_stride, bits(d.scale_ub), d.store_y_hp, d.y_hp_dtype,
-              d.store_y_t, d.x_group, d.grad_dtype, alignment);
+              d.store_y_t, d.x_group, d.grad_dtype, bits(d.scale_min), d.store_amax, alignment);
   return k;
 }
 

@@ -36,7 +36,7 @@ namespace normjit::detail {
 /// its alignment class (0..4: log2 of its alignment up to 16 bytes; 7: null).
 /// Alignment matters because the config's vectors are narrowed to it.
 struct PlanKey {
-  static constexpr int kWords = 44;
+  static constexpr int kWords = 46;
   std::array<std::int64_t, kWords> w{};
   bool operator==(const PlanKey& o) const { return w == o.w; }
 };

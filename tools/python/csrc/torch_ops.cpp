@@ -10,9 +10,14 @@
 //
 //   normjit::norm_fwd(x, residual?, weight?, bias?, ...) -> (y, h, mean, rstd)
 //   normjit::norm_bwd(dy, xin, weight?, bias?, mean, rstd, dh?, ...) -> (dx, dweight, dbias)
+//   normjit::norm_fwd_fp8(x, residual?, weight?, bias?, scale?, ...) -> (q, scale, amax, y, q_t, h, mean, rstd)
+//   normjit::norm_fwd_fp8_input(x_grad_proxy, x_q, x_scale, weight?, bias?, ...) -> (y, scale, q_t, mean, rstd)
+//   normjit::norm_bwd_fp8_input(dy, x_q, x_scale, weight?, bias?, mean, rstd, ...) -> (dx, dweight, dbias)
 //
 // norm_fwd has an autograd kernel here (NormFunction) whose backward calls
-// norm_bwd; with torch.compile, AOTAutograd traces through both.
+// norm_bwd; with torch.compile, AOTAutograd traces through both. The FP8-input
+// norm's autograd formula is registered from Python (_ops.py); the quantized
+// outputs are not differentiable.
 // RMSNorm: Zhang & Sennrich 2019. LayerNorm: Ba et al. 2016.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -23,6 +28,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "normjit/normjit.h"
@@ -45,13 +51,17 @@ void check(int status) {
   if (status != NORMJIT_SUCCESS) TORCH_CHECK(false, "normjit status ", status, ": ", normjit_last_error_message());
 }
 
-int32_t dtype_of(const at::Tensor& t, const char* name) {
-  switch (t.scalar_type()) {
+int32_t dtype_code(at::ScalarType t, const char* name) {
+  switch (t) {
     case at::kFloat: return NORMJIT_FP32;
     case at::kHalf: return NORMJIT_FP16;
     case at::kBFloat16: return NORMJIT_BF16;
-    default: TORCH_CHECK(false, name, ".dtype = ", t.scalar_type(), " is not supported: use float32, float16 or bfloat16");
+    default: TORCH_CHECK(false, name, " = ", t, " is not supported: use float32, float16 or bfloat16");
   }
+}
+
+int32_t dtype_of(const at::Tensor& t, const char* name) {
+  return dtype_code(t.scalar_type(), (std::string(name) + ".dtype").c_str());
 }
 
 const void* ptr(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
@@ -284,6 +294,265 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd_cuda(
   return {dx, dweight, dbias};
 }
 
+// ---- FP8 ----------------------------------------------------------------------
+//
+// Quantized outputs (normjit.hpp, QuantScaling: scales dequantize, y ~= q *
+// scale) and norms of an FP8 x with 1 x QB group scales. Outputs a call does
+// not produce are empty ([0]) tensors: schemas have no optional outputs.
+
+int32_t fp8_code(at::ScalarType t, const char* name) {
+  switch (t) {
+    case at::kFloat8_e4m3fn: return NORMJIT_E4M3;
+    case at::kFloat8_e5m2: return NORMJIT_E5M2;
+    default: TORCH_CHECK(false, name, " = ", t, " is not an FP8 dtype (torch.float8_e4m3fn or torch.float8_e5m2)");
+  }
+}
+
+at::Tensor none_like(const at::Tensor& x) { return at::empty({0}, x.options()); }
+
+// The leading sizes of x (its rows' shape) followed by `last`.
+std::vector<int64_t> rows_shape(const at::Tensor& x, int64_t n_dims, int64_t last) {
+  std::vector<int64_t> s(x.sizes().begin(), x.sizes().end() - n_dims);
+  s.push_back(last);
+  return s;
+}
+
+struct QuantOut {
+  at::Tensor q, scale, amax, y, q_t;
+};
+
+// Sets the quantized-output fields of d and allocates what the kernel writes.
+// scale_in: the caller's scale of TENSOR_STATIC (else undefined).
+QuantOut quant_outputs(normjit_norm_desc& d, const at::Tensor& x, int64_t n_dims, int64_t quant,
+                       at::ScalarType fp8_dtype, int64_t group_size, bool ue8m0, bool col_major, double scale_ub,
+                       double scale_min, bool return_y, bool transpose, at::ScalarType out_dtype) {
+  TORCH_CHECK(quant >= NORMJIT_QUANT_TENSOR_STATIC && quant <= NORMJIT_QUANT_MX, "quant = ", quant,
+              " is not a quantized output (1 tensor-static, 2 tensor, 3 token, 4 group, 5 mx32)");
+  d.quant = static_cast<int32_t>(quant);
+  d.y_dtype = fp8_code(fp8_dtype, "fp8_dtype");
+  d.quant_group = static_cast<int32_t>(group_size);
+  d.scale_ue8m0 = ue8m0;
+  d.scale_col_major = col_major;
+  d.scale_ub = static_cast<float>(scale_ub);
+  d.scale_min = static_cast<float>(scale_min);
+  d.store_y_hp = return_y;
+  d.store_y_t = transpose;
+  d.y_hp_dtype = d.grad_dtype = dtype_code(out_dtype, "out_dtype");
+  const int64_t M = d.M, N = d.N;
+  const auto f32 = x.options().dtype(at::kFloat);
+  QuantOut o;
+  o.q = at::empty(x.sizes(), x.options().dtype(fp8_dtype));
+  o.amax = quant == NORMJIT_QUANT_TENSOR ? at::empty({1}, f32) : at::empty({0}, f32);
+  switch (quant) {
+    case NORMJIT_QUANT_TENSOR_STATIC: o.scale = at::empty({0}, f32); break;
+    case NORMJIT_QUANT_TENSOR: o.scale = at::empty({1}, f32); break;
+    case NORMJIT_QUANT_TOKEN: o.scale = at::empty(rows_shape(x, n_dims, 1), f32); break;
+    case NORMJIT_QUANT_MX:
+      TORCH_CHECK(N % 32 == 0, "quant = mx32 needs N a multiple of 32, but N = ", N);
+      o.scale = at::empty(rows_shape(x, n_dims, N / 32), x.options().dtype(at::kByte));
+      break;
+    default:
+      TORCH_CHECK(group_size > 0 && N % group_size == 0, "group_size = ", group_size, " does not divide N = ", N);
+      // Column-major: a [N / G, M] buffer seen as [M, N / G] (DeepGEMM's layout).
+      o.scale = col_major ? at::empty({N / group_size, M}, f32).t() : at::empty(rows_shape(x, n_dims, N / group_size), f32);
+  }
+  o.y = return_y ? at::empty(x.sizes(), x.options().dtype(out_dtype)) : none_like(x);
+  o.q_t = transpose ? at::empty({N, M}, x.options().dtype(fp8_dtype)) : none_like(x);
+  return o;
+}
+
+void forward_call(const normjit_norm_desc& d, normjit_forward_tensors& t, const at::Tensor& x) {
+  if (d.M > 0) check(normjit_forward(engine(), &d, &t, c10::cuda::getCurrentCUDAStream(x.device().index()).stream()));
+}
+
+using Fp8Outputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                              at::Tensor>;
+
+// store_amax: a static scale's call also writes amax (delayed scaling);
+// return_stats: mean (LayerNorm) and rstd too, for a backward.
+Fp8Outputs norm_fwd_fp8_cuda(
+    const at::Tensor& x_, const c10::optional<at::Tensor>& residual, const c10::optional<at::Tensor>& weight,
+    const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& scale, int64_t norm,
+    c10::IntArrayRef normalized_shape, double eps, double weight_offset, int64_t cast_mode, int64_t residual_rounding,
+    int64_t quant, at::ScalarType fp8_dtype, int64_t group_size, bool scale_ue8m0, bool scale_col_major,
+    double scale_ub, double scale_min, bool return_y, bool transpose, bool store_amax, bool return_stats) {
+  TORCH_CHECK(x_.is_cuda(), "x is on device '", x_.device(), "': normjit runs on CUDA tensors only");
+  const int32_t xt = dtype_of(x_, "x");
+  const int64_t N = normalized_size(x_, normalized_shape);
+  const int64_t n_dims = static_cast<int64_t>(normalized_shape.size());
+  const int64_t M = N ? x_.numel() / N : 0;
+  const at::Tensor w = weight && weight->defined() ? weight->contiguous() : at::Tensor();
+  check_param(w, "weight", x_, n_dims);
+  if (bias) check_param(*bias, "bias", x_, n_dims);
+  const at::Tensor b = bias_as_weight(bias, w);
+  TORCH_CHECK(weight_offset == 0.0 || w.defined(), "weight_offset = ", weight_offset,
+              " needs a weight (w' = weight + weight_offset)");
+  c10::cuda::CUDAGuard guard(x_.device());
+  const at::Tensor x = x_.contiguous();
+  normjit_norm_desc d = base_desc(norm, M, N, eps, weight_offset, cast_mode);
+  d.x_dtype = xt;
+  d.weight_dtype = w.defined() ? dtype_of(w, "weight") : (b.defined() ? dtype_of(b, "bias") : NORMJIT_BF16);
+  d.has_weight = w.defined();
+  d.has_bias = b.defined();
+  d.store_rstd = return_stats;
+  d.store_mean = return_stats && norm == NORMJIT_NORM_LAYER;
+  const bool res = residual && residual->defined();
+  at::Tensor r, h = none_like(x);
+  if (res) {
+    TORCH_CHECK(residual->device() == x.device(), "residual is on device '", residual->device(), "' but x is on '",
+                x.device(), "'");
+    TORCH_CHECK(residual->sizes() == x.sizes(), "residual.shape = ", residual->sizes(), " must equal x.shape = ",
+                x.sizes());
+    r = residual->contiguous();
+    d.residual = d.store_residual_out = 1;
+    d.residual_dtype = d.residual_out_dtype = dtype_of(r, "residual");
+    d.residual_rounding = static_cast<int32_t>(residual_rounding);
+    h = at::empty(x.sizes(), r.options());
+  }
+  QuantOut o = quant_outputs(d, x, n_dims, quant, fp8_dtype, group_size, scale_ue8m0, scale_col_major, scale_ub,
+                             scale_min, return_y, transpose, x.scalar_type());
+  at::Tensor sc = o.scale;
+  const auto f32 = x.options().dtype(at::kFloat);
+  if (store_amax) {
+    TORCH_CHECK(quant == NORMJIT_QUANT_TENSOR_STATIC, "store_amax = True is for quant = tensor-static, but quant = ",
+                quant);
+    d.store_amax = 1;
+    o.amax = at::empty({1}, f32);
+  }
+  at::Tensor rstd = at::empty({return_stats ? M : 0}, f32), mean = at::empty({d.store_mean ? M : 0}, f32);
+  if (quant == NORMJIT_QUANT_TENSOR_STATIC) {
+    TORCH_CHECK(scale && scale->defined() && scale->numel() == 1,
+                "quant = tensor-static needs scale: a one-element float32 tensor on x's device");
+    TORCH_CHECK(scale->device() == x.device(), "scale is on device '", scale->device(), "' but x is on '",
+                x.device(), "'");
+    sc = scale->to(at::kFloat).reshape({1}).contiguous();
+  }
+  normjit_forward_tensors t;
+  normjit_forward_tensors_init(&t);
+  t.x = ptr(x);
+  t.residual = res ? ptr(r) : nullptr;
+  t.weight = ptr(w);
+  t.bias = ptr(b);
+  t.y = o.q.data_ptr();
+  t.residual_out = res ? h.data_ptr() : nullptr;
+  t.y_scale = sc.data_ptr();
+  t.amax = o.amax.numel() ? o.amax.data_ptr() : nullptr;
+  t.y_hp = return_y ? o.y.data_ptr() : nullptr;
+  t.y_t = transpose ? o.q_t.data_ptr() : nullptr;
+  t.rstd = return_stats ? rstd.data_ptr() : nullptr;
+  t.mean = d.store_mean ? mean.data_ptr() : nullptr;
+  forward_call(d, t, x);
+  return {o.q, o.scale, o.amax, o.y, o.q_t, h, mean, rstd};
+}
+
+// A norm of an FP8 x with group scales: x = x_q * x_scale[i, j / QB]. y in
+// out_dtype (quant 0) or quantized (quant TENSOR: q, its [1] scale and q
+// transposed). x_grad_proxy is not read: it only gives autograd an input of
+// the gradient's dtype to deliver dL/dx to.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd_fp8_input_cuda(
+    const at::Tensor& x_grad_proxy, const at::Tensor& x_q_, const at::Tensor& x_scale_,
+    const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias, int64_t norm,
+    c10::IntArrayRef normalized_shape, double eps, at::ScalarType out_dtype, int64_t quant,
+    at::ScalarType fp8_dtype) {
+  TORCH_CHECK(x_q_.is_cuda(), "x_q is on device '", x_q_.device(), "': normjit runs on CUDA tensors only");
+  const int32_t xt = fp8_code(x_q_.scalar_type(), "x_q.dtype");
+  const int64_t N = normalized_size(x_q_, normalized_shape);
+  const int64_t n_dims = static_cast<int64_t>(normalized_shape.size());
+  const int64_t M = N ? x_q_.numel() / N : 0;
+  const at::Tensor w = weight && weight->defined() ? weight->contiguous() : at::Tensor();
+  check_param(w, "weight", x_q_, n_dims);
+  if (bias) check_param(*bias, "bias", x_q_, n_dims);
+  const at::Tensor b = bias_as_weight(bias, w);
+  TORCH_CHECK(x_scale_.device() == x_q_.device(), "x_scale is on device '", x_scale_.device(), "' but x_q is on '",
+              x_q_.device(), "'");
+  TORCH_CHECK(x_scale_.numel() > 0 && (M * N) % x_scale_.numel() == 0, "x_scale has ", x_scale_.numel(),
+              " elements, not M x N / QB for x_q of ", M, " x ", N);
+  c10::cuda::CUDAGuard guard(x_q_.device());
+  const at::Tensor x_q = x_q_.contiguous(), x_scale = x_scale_.to(at::kFloat).contiguous();
+  normjit_norm_desc d = base_desc(norm, M, N, eps, 0.0, NORMJIT_CAST_DEFAULT);
+  d.x_dtype = xt;
+  d.x_group = static_cast<int32_t>((M * N) / x_scale.numel());
+  d.weight_dtype = w.defined() ? dtype_of(w, "weight") : (b.defined() ? dtype_of(b, "bias") : NORMJIT_BF16);
+  d.has_weight = w.defined();
+  d.has_bias = b.defined();
+  d.store_rstd = 1;
+  d.store_mean = norm == NORMJIT_NORM_LAYER;
+  const auto f32 = x_q.options().dtype(at::kFloat);
+  at::Tensor rstd = at::empty({M}, f32), mean = at::empty({d.store_mean ? M : 0}, f32);
+  normjit_forward_tensors t;
+  normjit_forward_tensors_init(&t);
+  at::Tensor y, scale, q_t;
+  if (quant == NORMJIT_QUANT_NONE) {
+    d.y_dtype = d.y_hp_dtype = d.grad_dtype = dtype_code(out_dtype, "out_dtype");
+    y = at::empty(x_q.sizes(), x_q.options().dtype(out_dtype));
+    scale = at::empty({0}, f32);
+    q_t = none_like(x_q);
+  } else {
+    TORCH_CHECK(quant == NORMJIT_QUANT_TENSOR, "quant = ", quant, " is not offered with an FP8 x: 0 (none) or 2 (tensor)");
+    QuantOut o = quant_outputs(d, x_q, n_dims, quant, fp8_dtype, 128, false, false, 0.0, 0.0, false, true, out_dtype);
+    y = o.q;
+    scale = o.scale;
+    q_t = o.q_t;
+    t.amax = o.amax.data_ptr();
+    t.y_scale = scale.data_ptr();
+    t.y_t = q_t.data_ptr();
+  }
+  t.x = ptr(x_q);
+  t.x_scale = ptr(x_scale);
+  t.weight = ptr(w);
+  t.bias = ptr(b);
+  t.y = y.data_ptr();
+  t.rstd = rstd.data_ptr();
+  t.mean = d.store_mean ? mean.data_ptr() : nullptr;
+  forward_call(d, t, x_q);
+  return {y, scale, q_t, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd_fp8_input_cuda(
+    const at::Tensor& dy_, const at::Tensor& x_q, const at::Tensor& x_scale, const c10::optional<at::Tensor>& weight,
+    const c10::optional<at::Tensor>& bias, const at::Tensor& mean, const at::Tensor& rstd, int64_t norm,
+    int64_t n_dims, at::ScalarType out_dtype) {
+  const int64_t N = normalized_size(x_q, n_dims);
+  const int64_t M = N ? x_q.numel() / N : 0;
+  const at::Tensor w = weight && weight->defined() ? weight->contiguous() : at::Tensor();
+  const at::Tensor b = bias_as_weight(bias, w);
+  c10::cuda::CUDAGuard guard(x_q.device());
+  const at::Tensor dy = dy_.to(out_dtype).contiguous();
+  at::Tensor dx = at::empty(x_q.sizes(), x_q.options().dtype(out_dtype));
+  at::Tensor dweight = w.defined() ? at::empty_like(w) : none_like(dx);
+  at::Tensor dbias = b.defined() ? at::empty_like(b) : none_like(dx);
+  if (M == 0) {
+    dweight.zero_();
+    dbias.zero_();
+    return {dx, dweight, dbias};
+  }
+  normjit_norm_desc d = base_desc(norm, M, N, 1e-6, 0.0, NORMJIT_CAST_DEFAULT);
+  d.x_dtype = fp8_code(x_q.scalar_type(), "x_q.dtype");
+  d.x_group = static_cast<int32_t>((M * N) / x_scale.numel());
+  d.y_dtype = d.grad_dtype = dtype_of(dy, "dy");
+  d.weight_dtype = w.defined() ? dtype_of(w, "weight") : (b.defined() ? dtype_of(b, "bias") : d.y_dtype);
+  d.has_weight = w.defined();
+  d.has_bias = b.defined();
+  size_t bytes = 0;
+  check(normjit_backward_workspace_size(engine(), &d, &bytes));
+  at::Tensor ws = at::empty({static_cast<int64_t>(bytes)}, x_q.options().dtype(at::kByte));
+  normjit_backward_tensors t;
+  normjit_backward_tensors_init(&t);
+  t.dy = ptr(dy);
+  t.x = ptr(x_q);
+  t.x_scale = x_scale.data_ptr();
+  t.weight = ptr(w);
+  t.mean = norm == NORMJIT_NORM_LAYER ? ptr(mean) : nullptr;
+  t.rstd = ptr(rstd);
+  t.dx = dx.data_ptr();
+  t.dweight = w.defined() ? dweight.data_ptr() : nullptr;
+  t.dbias = b.defined() ? dbias.data_ptr() : nullptr;
+  t.workspace = bytes ? ws.data_ptr() : nullptr;
+  t.workspace_bytes = bytes;
+  check(normjit_backward(engine(), &d, &t, c10::cuda::getCurrentCUDAStream(x_q.device().index()).stream()));
+  return {dx, dweight, dbias};
+}
+
 // ---- autograd ---------------------------------------------------------------
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_fwd(
@@ -396,14 +665,34 @@ TORCH_LIBRARY(normjit, m) {
       "norm_bwd(Tensor dy, Tensor xin, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, Tensor? dh, int norm, "
       "int n_dims, float weight_offset, int cast_mode, int heads, int y_dtype) -> (Tensor dx, Tensor dweight, "
       "Tensor dbias)");
+  m.def(
+      "norm_fwd_fp8(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, Tensor? scale, int norm, "
+      "int[] normalized_shape, float eps, float weight_offset, int cast_mode, int residual_rounding, int quant, "
+      "ScalarType fp8_dtype, int group_size, bool scale_ue8m0, bool scale_col_major, float scale_ub, "
+      "float scale_min, bool return_y, bool transpose, bool store_amax, bool return_stats) -> (Tensor q, "
+      "Tensor scale, Tensor amax, Tensor y, Tensor q_t, Tensor h, Tensor mean, Tensor rstd)");
+  m.def(
+      "norm_fwd_fp8_input(Tensor x_grad_proxy, Tensor x_q, Tensor x_scale, Tensor? weight, Tensor? bias, int norm, "
+      "int[] normalized_shape, float eps, ScalarType out_dtype, int quant, ScalarType fp8_dtype) -> (Tensor y, "
+      "Tensor scale, Tensor q_t, Tensor mean, Tensor rstd)");
+  m.def(
+      "norm_bwd_fp8_input(Tensor dy, Tensor x_q, Tensor x_scale, Tensor? weight, Tensor? bias, Tensor mean, "
+      "Tensor rstd, int norm, int n_dims, ScalarType out_dtype) -> (Tensor dx, Tensor dweight, Tensor dbias)");
 }
 
 TORCH_LIBRARY_IMPL(normjit, CUDA, m) {
   m.impl("norm_fwd", &norm_fwd_cuda);
   m.impl("norm_bwd", &norm_bwd_cuda);
+  m.impl("norm_fwd_fp8", &norm_fwd_fp8_cuda);
+  m.impl("norm_fwd_fp8_input", &norm_fwd_fp8_input_cuda);
+  m.impl("norm_bwd_fp8_input", &norm_bwd_fp8_input_cuda);
 }
 
 TORCH_LIBRARY_IMPL(normjit, Autograd, m) { m.impl("norm_fwd", &norm_fwd_autograd); }
 
 // CPU tensors reach the CUDA kernel's first check, which names the device.
-TORCH_LIBRARY_IMPL(normjit, CPU, m) { m.impl("norm_fwd", &norm_fwd_cuda); }
+TORCH_LIBRARY_IMPL(normjit, CPU, m) {
+  m.impl("norm_fwd", &norm_fwd_cuda);
+  m.impl("norm_fwd_fp8", &norm_fwd_fp8_cuda);
+  m.impl("norm_fwd_fp8_input", &norm_fwd_fp8_input_cuda);
+}

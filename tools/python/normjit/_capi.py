@@ -142,6 +142,8 @@ class NormDesc(ctypes.Structure):
         ("store_y_t", ctypes.c_int32),
         ("x_group", ctypes.c_int32),
         ("grad_dtype", ctypes.c_int32),
+        ("scale_min", ctypes.c_float),
+        ("store_amax", ctypes.c_int32),
     ]
 
 

@@ -431,11 +431,15 @@ if _OPS is None:
 
     warnings.warn(f"normjit.torch: C++ operators unavailable, using the ctypes path ({_ops.reason()})", stacklevel=2)
     _NORM_FWD = _NORM_FWD_RAW = None
+    _NORM_FWD_FP8 = _NORM_FWD_FP8_INPUT = None
 else:
     # Under torch.compile the OpOverload (Dynamo knows it); in eager its C++
     # callable, one Python frame less a call.
     _NORM_FWD = _OPS[0]
     _NORM_FWD_RAW = _OPS[0]._op
+    _fp8_ops = hasattr(torch, "float8_e4m3fn") and hasattr(torch.ops.normjit, "norm_fwd_fp8")
+    _NORM_FWD_FP8 = torch.ops.normjit.norm_fwd_fp8.default if _fp8_ops else None
+    _NORM_FWD_FP8_INPUT = torch.ops.normjit.norm_fwd_fp8_input.default if _fp8_ops else None
 _is_compiling = torch.compiler.is_compiling
 _EPS = {t: torch.finfo(t).eps for t in _DTYPES}
 _OP_ERRORS = (RuntimeError, KeyError, TypeError, ValueError, IndexError, AttributeError)
@@ -472,6 +476,11 @@ def _op_failed(e, norm, x, residual, normalized_shape, weight, bias, eps, weight
         eps = _EPS[x.dtype]
     _validate_forward(norm, x, residual, normalized_shape, weight, bias, eps, weight_offset, cast_mode,
                       residual_rounding)
+    _raise_engine_error(e)
+
+
+def _raise_engine_error(e):
+    """The engine's NormjitError behind an operator's RuntimeError (else e)."""
     if _engine_state["stale"]:
         _sync_engine()  # raises why the engine cannot be created
     m = _STATUS.match(str(e))
@@ -613,12 +622,14 @@ _QUANTS = {"tensor-static": _capi.QUANT_TENSOR_STATIC, "tensor": _capi.QUANT_TEN
 class FP8Output(tuple):
     """The outputs of a quantized norm: (q, scale, amax) unpack like a tuple;
     y (the unquantized output, with return_y), q_t (q transposed, with
-    transpose) and h (x + residual, with a residual) are attributes (None
-    when not asked for)."""
+    transpose), h (x + residual, with a residual), mean and rstd ([M] fp32,
+    with return_stats; mean for LayerNorm) are attributes (None when not
+    asked for)."""
 
-    def __new__(cls, q, scale, amax, y=None, q_t=None, h=None):
+    def __new__(cls, q, scale, amax, y=None, q_t=None, h=None, mean=None, rstd=None):
         self = super().__new__(cls, (q, scale, amax))
         self.q, self.scale, self.amax, self.y, self.q_t, self.h = q, scale, amax, y, q_t, h
+        self.mean, self.rstd = mean, rstd
         return self
 
 
@@ -695,13 +706,52 @@ def _run_forward(d, x_in, x_scale, r_in, w, b, q, sc, amax, y_hp, q_t, h, mean, 
         _capi.check(_capi.load().normjit_forward(_engine_handle(), ctypes.byref(d), ctypes.byref(t), _stream(device)))
 
 
+def _fp8_args(x, quant, fp8_dtype, scale, scale_ub, scale_min, cast_mode, residual_rounding):
+    """Checks of the FP8 arguments that cost no device or symbolic work
+    (TypeError / ValueError naming them); returns (quant code, scale_ub,
+    scale_min, cast code, rounding code). Numbers pass as given (under
+    torch.compile with dynamic shapes they may be symbolic); the operator
+    checks them, and _fp8_failed names a bad one."""
+    q = _option("quant", quant, _QUANTS)
+    _fp8_dtype("fp8_dtype", fp8_dtype)
+    if quant == "tensor-static" and scale is None:
+        raise ValueError("quant = 'tensor-static' needs scale (a one-element float32 CUDA tensor)")
+    return (q, 0.0 if scale_ub is None else scale_ub, 0.0 if scale_min is None else scale_min,
+            _option("cast_mode", cast_mode, _CAST_MODES),
+            _option("residual_rounding", residual_rounding, _RESIDUAL_ROUNDING))
+
+
 def _norm_fp8(norm, x, normalized_shape, weight, bias, eps, quant, fp8_dtype, group_size, scale_ue8m0,
-              scale_col_major, scale, scale_ub, residual, return_y, transpose, weight_offset):
+              scale_col_major, scale, scale_ub, residual, return_y, transpose, weight_offset, cast_mode="default",
+              residual_rounding="residual", scale_min=None, return_amax=False, return_stats=False):
+    qc, ub, smin, cast, rounding = _fp8_args(x, quant, fp8_dtype, scale, scale_ub, scale_min, cast_mode,
+                                             residual_rounding)
+    if return_amax and quant != "tensor-static":
+        raise ValueError(f"return_amax = True is for quant = 'tensor-static' ('tensor' returns amax anyway), "
+                         f"but quant = {quant!r}")
+    if _NORM_FWD_FP8 is not None:
+        shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) else tuple(normalized_shape)
+        try:
+            q, sc, amax, y, q_t, h, mean, rstd = _NORM_FWD_FP8(
+                x, residual, weight, bias, scale, norm, shape, eps, weight_offset, cast, rounding, qc, fp8_dtype,
+                int(group_size), bool(scale_ue8m0), bool(scale_col_major), ub, smin, bool(return_y), bool(transpose),
+                bool(return_amax), bool(return_stats))
+        except _OP_ERRORS as e:
+            _fp8_failed(e, norm, x, residual, normalized_shape, weight, bias, eps, weight_offset, cast_mode,
+                        residual_rounding, quant, group_size, scale, scale_ub, scale_min)
+        return FP8Output(q, scale if quant == "tensor-static" else sc,
+                         amax if quant == "tensor" or return_amax else None, y if return_y else None,
+                         q_t if transpose else None, h if residual is not None else None,
+                         mean if return_stats and norm == _capi.NORM_LAYER else None,
+                         rstd if return_stats else None)
     _check_tensor("x", x)
     x = x.contiguous()
     d, M, N, w, b = _fp8_desc(norm, x, normalized_shape, weight, bias, eps, weight_offset, _DTYPES[x.dtype])
-    d.store_rstd = 0
-    d.store_mean = 0
+    d.store_rstd = int(bool(return_stats))
+    d.store_mean = int(bool(return_stats) and norm == _capi.NORM_LAYER)
+    rstd = torch.empty(M, dtype=torch.float32, device=x.device) if d.store_rstd else None
+    mean = torch.empty(M, dtype=torch.float32, device=x.device) if d.store_mean else None
+    d.cast_mode = cast
     h = r_in = None
     if residual is not None:
         _check_tensor("residual", residual, x.device)
@@ -710,45 +760,101 @@ def _norm_fp8(norm, x, normalized_shape, weight, bias, eps, quant, fp8_dtype, gr
         r_in = residual.contiguous()
         d.residual = d.store_residual_out = 1
         d.residual_dtype = d.residual_out_dtype = _DTYPES[residual.dtype]
+        d.residual_rounding = rounding
         h = torch.empty(x.shape, dtype=residual.dtype, device=x.device)
     q, sc, amax, y_hp, q_t = _quantize_into(d, quant, fp8_dtype, group_size, scale_ue8m0, scale_col_major, scale,
                                             scale_ub, return_y, transpose, M, N, x, x.dtype)
+    d.scale_min = _number("scale_min", smin)
+    if return_amax:
+        d.store_amax = 1
+        amax = torch.empty(1, dtype=torch.float32, device=x.device)
     if M > 0:
-        _run_forward(d, x, None, r_in, w, b, q, sc, amax, y_hp, q_t, h, None, None, x.device)
-    return FP8Output(q, sc, amax, y_hp, q_t, h)
+        _run_forward(d, x, None, r_in, w, b, q, sc, amax, y_hp, q_t, h, mean, rstd, x.device)
+    return FP8Output(q, sc, amax, y_hp, q_t, h, mean, rstd)
+
+
+def _fp8_failed(e, norm, x, residual, normalized_shape, weight, bias, eps, weight_offset, cast_mode,
+                residual_rounding, quant, group_size, scale, scale_ub, scale_min):
+    """Raises a failed FP8 operator call's error naming the argument
+    (TypeError / ValueError), else the engine's NormjitError."""
+    _validate_forward(norm, x, residual, normalized_shape, weight, bias, eps, weight_offset, cast_mode,
+                      residual_rounding)
+    _, N = _normalized(x, normalized_shape)
+    G = 32 if quant == "mx32" else int(group_size)
+    if quant in ("group", "mx32") and N % G:
+        raise ValueError(f"group_size = {G} does not divide N = {N}") from None
+    if quant == "tensor-static":
+        _check_tensor("scale", scale, x.device)
+    for name, v in (("scale_ub", scale_ub), ("scale_min", scale_min)):
+        if v is not None and _number(name, v) < 0:
+            raise ValueError(f"{name} = {v} must be >= 0")
+    _raise_engine_error(e)
+
+
+_FP8_DOC = """
+    x: CUDA tensor [..., N] (float32 / float16 / bfloat16), rows contiguous
+        (other layouts are copied).
+    quant: "tensor-static" (scale given: a [1] float32 tensor), "tensor"
+        (current scaling: scale = max(amax / fmax, smin), amax returned),
+        "token" (one scale per row, [..., 1]), "group"
+        (one per 1 x group_size of a row, [..., N / G], powers of two with
+        scale_ue8m0, a column-major [N / G, M] buffer seen as [M, N / G]
+        with scale_col_major), "mx32" (MXFP8: 1 x 32 blocks, E8M0
+        exponents as uint8 [..., N / 32]).
+    fp8_dtype: torch.float8_e4m3fn or torch.float8_e5m2; fmax is its
+        largest finite value (448 or 57344).
+    scale_ub: "token" and "group": the largest scale (None: none). vLLM's
+        scale_ub caps amax instead: its ub is ub / fmax here
+        (normjit.conventions.vllm does that).
+    scale_min: the least computed scale, smin ("tensor", "token", "group";
+        None: 2^-126; vLLM's is 1 / (fmax * 512)).
+    residual: h = x + residual is normalised and returned as out.h
+        (residual_rounding as add_rms_norm()).
+    cast_mode: as rms_norm(); with "llama" the y that gets quantized is
+        rounded to x's dtype first (what the unfused Llama forward stores,
+        and what vLLM's fused quant norms quantize).
+    return_y: also the unquantized y (x's dtype) as out.y; transpose: q
+        transposed, [N, M], as out.q_t (tensor scales only).
+    return_amax: "tensor-static" only: also amax = max |y| ([1] fp32;
+        delayed scaling takes its next scale from it).
+    return_stats: also rstd ([M] fp32) and, for LayerNorm, mean, as out.rstd
+        and out.mean (what a backward reads).
+    Returns FP8Output: (q, scale, amax) with x ~= q * scale (scales
+    dequantize); amax is None except for "tensor" and return_amax. Not
+    differentiable (an
+    inference op). A PyTorch operator (torch.ops.normjit.norm_fwd_fp8)
+    where libnormjit_torch.so loads: torch.compile (fullgraph, dynamic
+    shapes) and CUDA graphs hold it.
+    Raises TypeError / ValueError for a bad argument (naming it and its
+    value), normjit.NormjitError when the engine fails.
+"""
 
 
 def rms_norm_fp8(x, normalized_shape, weight=None, eps=1e-6, *, quant="token", fp8_dtype=torch.float8_e4m3fn
                  if hasattr(torch, "float8_e4m3fn") else None, group_size=128, scale_ue8m0=False,
-                 scale_col_major=False, scale=None, scale_ub=None, residual=None, return_y=False, transpose=False,
-                 weight_offset=0.0):
-    """RMSNorm (Zhang & Sennrich 2019) with an FP8 output, quantized in the same kernel.
-
-    x: CUDA tensor [..., N] (float32 / float16 / bfloat16), rows contiguous.
-    quant: "tensor-static" (scale given: a [1] float32 tensor), "tensor"
-        (current scaling: scale = max(amax / fmax, 2^-126), amax returned),
-        "token" (one scale per row, [..., 1]; scale_ub caps it), "group"
-        (one per 1 x group_size of a row, [..., N / G], powers of two with
-        scale_ue8m0, a column-major [N / G, M] buffer with scale_col_major),
-        "mx32" (MXFP8: 1 x 32 blocks, E8M0 exponents as uint8 [..., N / 32]).
-    fp8_dtype: torch.float8_e4m3fn or torch.float8_e5m2.
-    residual: h = x + residual is normalised and returned as out.h.
-    return_y: also the unquantized y (x's dtype) as out.y; transpose: q
-        transposed, [N, M], as out.q_t (tensor scales only).
-    Returns FP8Output: (q, scale, amax) with x ~= q * scale; amax is None
-    except for "tensor". Not differentiable (an inference op).
-    """
+                 scale_col_major=False, scale=None, scale_ub=None, scale_min=None, residual=None, return_y=False,
+                 transpose=False, weight_offset=0.0, cast_mode="default", residual_rounding="residual",
+                 return_amax=False, return_stats=False):
     return _norm_fp8(_capi.NORM_RMS, x, normalized_shape, weight, None, eps, quant, fp8_dtype, group_size,
-                     scale_ue8m0, scale_col_major, scale, scale_ub, residual, return_y, transpose, weight_offset)
+                     scale_ue8m0, scale_col_major, scale, scale_ub, residual, return_y, transpose, weight_offset,
+                     cast_mode, residual_rounding, scale_min, return_amax, return_stats)
+
+
+rms_norm_fp8.__doc__ = "RMSNorm (Zhang & Sennrich 2019) with an FP8 output, quantized in the same kernel.\n" + _FP8_DOC
 
 
 def layer_norm_fp8(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, quant="token",
                    fp8_dtype=torch.float8_e4m3fn if hasattr(torch, "float8_e4m3fn") else None, group_size=128,
-                   scale_ue8m0=False, scale_col_major=False, scale=None, scale_ub=None, residual=None,
-                   return_y=False, transpose=False, weight_offset=0.0):
-    """LayerNorm (Ba et al. 2016) with an FP8 output; arguments as rms_norm_fp8() plus bias."""
+                   scale_ue8m0=False, scale_col_major=False, scale=None, scale_ub=None, scale_min=None,
+                   residual=None, return_y=False, transpose=False, weight_offset=0.0, cast_mode="default",
+                   residual_rounding="residual", return_amax=False, return_stats=False):
     return _norm_fp8(_capi.NORM_LAYER, x, normalized_shape, weight, bias, eps, quant, fp8_dtype, group_size,
-                     scale_ue8m0, scale_col_major, scale, scale_ub, residual, return_y, transpose, weight_offset)
+                     scale_ue8m0, scale_col_major, scale, scale_ub, residual, return_y, transpose, weight_offset,
+                     cast_mode, residual_rounding, scale_min, return_amax, return_stats)
+
+
+layer_norm_fp8.__doc__ = ("LayerNorm (Ba et al. 2016) with an FP8 output, quantized in the same kernel; bias: None "
+                          "or a tensor of shape normalized_shape.\n" + _FP8_DOC)
 
 
 class FP8InputNormFunction(torch.autograd.Function):
@@ -817,20 +923,48 @@ class FP8InputNormFunction(torch.autograd.Function):
         return (dx if ctx.needs_input_grad[0] else None), None, None, None, None, gw, gb, None, None, None, None
 
 
+def _norm_fp8_input(x_grad_proxy, x_q, x_scale, norm, normalized_shape, weight, bias, eps, out_dtype, quant,
+                    fp8_dtype):
+    if _NORM_FWD_FP8_INPUT is None:
+        return FP8InputNormFunction.apply(x_grad_proxy, x_q, x_scale, norm, normalized_shape, weight, bias, eps,
+                                          out_dtype, quant, fp8_dtype)
+    if quant not in (None, "tensor"):
+        raise ValueError(f"quant = {quant!r} is not offered with an FP8 x: None or 'tensor'")
+    if not isinstance(x_q, torch.Tensor) or x_q.dtype not in _FP8:
+        raise TypeError(f"x_q must be an FP8 tensor (torch.float8_e4m3fn or torch.float8_e5m2), got "
+                        f"{getattr(x_q, 'dtype', type(x_q).__name__)}")
+    _fp8_dtype("fp8_dtype", fp8_dtype)
+    if out_dtype not in _DTYPES:
+        raise TypeError(f"out_dtype = {out_dtype} is not float32, float16 or bfloat16")
+    shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) else tuple(normalized_shape)
+    try:
+        y, sc, q_t, _, _ = _NORM_FWD_FP8_INPUT(x_grad_proxy, x_q, x_scale, weight, bias, norm, shape, eps, out_dtype,
+                                               0 if quant is None else _capi.QUANT_TENSOR, fp8_dtype)
+    except _OP_ERRORS as e:
+        _check_tensor("x_q", x_q)
+        _check_tensor("x_scale", x_scale, x_q.device)
+        _normalized(x_q, normalized_shape)
+        _raise_engine_error(e)
+    return y if quant is None else (y, sc, q_t)
+
+
 def rms_norm_fp8_input(x_grad_proxy, x_q, x_scale, normalized_shape, weight=None, eps=1e-6, *,
                        out_dtype=torch.bfloat16, quant=None, fp8_dtype=None):
-    """RMSNorm of an FP8 x with group scales (see FP8InputNormFunction); y in
-    out_dtype, or with quant ("tensor" / "tensor-static" is not offered
-    here: "tensor") the FP8 (q, scale, q_t)."""
-    return FP8InputNormFunction.apply(x_grad_proxy, x_q, x_scale, _capi.NORM_RMS, normalized_shape, weight, None, eps,
-                                      out_dtype, quant, fp8_dtype or x_q.dtype)
+    """RMSNorm (Zhang & Sennrich 2019) of an FP8 x with 1 x QB group scales,
+    x = x_q * x_scale[i, j / QB] (see FP8InputNormFunction for x_grad_proxy);
+    y in out_dtype, or with quant = "tensor" the FP8 (q, scale, q_t).
+    Differentiable in x (through x_grad_proxy), weight and bias when y is
+    not quantized. A PyTorch operator (norm_fwd_fp8_input, with its
+    backward norm_bwd_fp8_input) where libnormjit_torch.so loads."""
+    return _norm_fp8_input(x_grad_proxy, x_q, x_scale, _capi.NORM_RMS, normalized_shape, weight, None, eps,
+                           out_dtype, quant, fp8_dtype or x_q.dtype)
 
 
 def layer_norm_fp8_input(x_grad_proxy, x_q, x_scale, normalized_shape, weight=None, bias=None, eps=1e-5, *,
                          out_dtype=torch.bfloat16, quant=None, fp8_dtype=None):
-    """LayerNorm of an FP8 x with group scales; as rms_norm_fp8_input() plus bias."""
-    return FP8InputNormFunction.apply(x_grad_proxy, x_q, x_scale, _capi.NORM_LAYER, normalized_shape, weight, bias,
-                                      eps, out_dtype, quant, fp8_dtype or x_q.dtype)
+    """LayerNorm (Ba et al. 2016) of an FP8 x with group scales; as rms_norm_fp8_input() plus bias."""
+    return _norm_fp8_input(x_grad_proxy, x_q, x_scale, _capi.NORM_LAYER, normalized_shape, weight, bias, eps,
+                           out_dtype, quant, fp8_dtype or x_q.dtype)
 
 
 # ---- modules ----------------------------------------------------------------
