@@ -51,7 +51,6 @@ template <class S> constexpr auto wb_with_row_or(int) -> decltype(S::WB_WITH_ROW
 template <class S> constexpr bool wb_with_row_or(long) { return false; }
 template <class S> constexpr auto wb_batch_or(int) -> decltype(S::WB_BATCH + 0) { return S::WB_BATCH; }
 template <class S> constexpr int wb_batch_or(long) { return 1; }
-
 // A peeled row's chunk at an aligned column `col` of which only columns
 // [lo, hi) belong to the row. Whole chunks move as one vector; the row's
 // first and last chunk element by element, so nothing outside the row is
@@ -85,6 +84,25 @@ __device__ __forceinline__ void store_span(T* __restrict__ row, int col, const V
 template <bool PEEL, class Row> __device__ __forceinline__ bool whole_chunk(const Row& r, int col) {
   if constexpr (PEEL) return r.inner(col);
   else return true;
+}
+
+// STORE_YT (quantized Specs only): q transposed, [N, M]. Written through a
+// shared tile [N][ROWS] (column j's ROWS codes side by side) where it fits
+// (yt_tile_bytes, quant_args.cuh), so that each column's codes of a
+// program's rows leave as one ROWS-byte store rather than ROWS strided bytes
+// (measured at 6% of the copy on an H200 byte by byte). The engine gives
+// such kernels yt_tile_rows(N) rows.
+template <class S> constexpr auto store_yt_or(int) -> decltype(S::STORE_YT + 0) { return S::STORE_YT; }
+template <class S> constexpr bool store_yt_or(long) { return false; }
+template <class S> constexpr bool yt_tiled() {
+  return store_yt_or<S>(0) != 0 && S::N * S::ROWS <= yt_tile_bytes() && (S::ROWS & (S::ROWS - 1)) == 0 && S::ROWS <= 16;
+}
+
+// The shared tile of q transposed (yt_tiled kernels only: a function, so the
+// other kernels declare no shared array and keep their machine code).
+template <class S> __device__ __forceinline__ unsigned char* yt_tile() {
+  __shared__ __align__(16) unsigned char tile[S::N * S::ROWS];
+  return tile;
 }
 
 // One row's pointers and the fused residual add.
@@ -127,6 +145,12 @@ template <class S> struct FwdRow {
       y -= lo;
       if constexpr (S::RESIDUAL) r -= lo;
       if constexpr (S::STORE_RES) ro -= lo;
+    }
+    if constexpr (yt_tiled<S>()) {
+      // q transposed goes to the row's column of the shared tile (see yt_tiled).
+      yt = yt_tile<S>();
+      row = threadIdx.x / S::TPR;
+      M = S::ROWS;
     }
   }
 
@@ -385,6 +409,30 @@ __device__ __forceinline__ void load_wb(const NormArgs& a, int col, bool exact, 
   }
 }
 
+// An unsigned word of B bytes (B = 1, 2, 4, 8, 16).
+template <int B> struct Word { using type = unsigned char; };
+template <> struct Word<2> { using type = unsigned short; };
+template <> struct Word<4> { using type = unsigned; };
+template <> struct Word<8> { using type = unsigned long long; };
+template <> struct Word<16> { using type = uint4; };
+
+// A program's tile of q transposed (yt_tiled) to [N, M]: column c's codes of
+// rows row0 .. row0 + ROWS - 1 as one store where they are whole and aligned.
+template <class S>
+__device__ __forceinline__ void store_yt_tile(const unsigned char* tile, void* y_t, long long row0, long long M) {
+  constexpr int R = S::ROWS;
+  using W = typename Word<R>::type;
+  const long long n = M - row0 < R ? M - row0 : R;
+  for (int c = threadIdx.x; c < S::N; c += S::TPR * S::ROWS) {
+    unsigned char* dst = static_cast<unsigned char*>(y_t) + (long long)c * M + row0;
+    if (n == R && reinterpret_cast<unsigned long long>(dst) % sizeof(W) == 0) {
+      *reinterpret_cast<W*>(dst) = *reinterpret_cast<const W*>(tile + c * R);
+    } else {
+      for (int r = 0; r < n; ++r) dst[r] = tile[c * R + r];
+    }
+  }
+}
+
 }  // namespace nj
 
 // One program's ROWS rows (`group` of them), or with CLUSTER > 1 the
@@ -440,6 +488,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
   if constexpr (C > 1) xc.init();
   // Rows past M still take part in the reductions' barriers; they only skip memory.
   const bool valid = row < a.M;
+  constexpr bool YT_TILE = nj::yt_tiled<S>();
   const nj::FwdRow<S> R(a, q, valid ? row : 0);
   constexpr float inv_n = 1.0f / S::N;
   // LayerNorm sums are shifted by the row's first element, so a large mean
@@ -786,6 +835,11 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
   if (valid && lane == 0 && c0 == 0) {
     if constexpr (S::STORE_RSTD) a.rstd[row] = rstd;
     if constexpr (S::STORE_MEAN) a.mean[row] = shift + m;
+  }
+  if constexpr (YT_TILE) {
+    __syncthreads();  // the tile is whole
+    nj::store_yt_tile<S>(nj::yt_tile<S>(), q.y_t, group * S::ROWS, a.M);
+    __syncthreads();  // and free for the next row group
   }
 }
 

@@ -8,6 +8,17 @@ namespace nj {
 // Spec::QUANT values, as normjit::QuantScaling numbers them.
 enum : int { Q_NONE = 0, Q_TENSOR_STATIC = 1, Q_TENSOR = 2, Q_TOKEN = 3, Q_GROUP = 4, Q_MX = 5 };
 
+// q transposed (STORE_YT) leaves through a shared tile of N x ROWS codes of
+// at most this many bytes; the engine gives such kernels yt_tile_rows(N) rows.
+// Functions, not variables: a namespace-scope constant became a device
+// variable in every kernel's machine code.
+constexpr int yt_tile_bytes() { return 32768; }
+constexpr int yt_tile_rows(long long N) {
+  int r = 16;
+  while (r > 1 && N * r > yt_tile_bytes()) r /= 2;
+  return r;
+}
+
 struct QuantArgs {
   void* scale;           // y's scales: fp32 ([1], [M], [M, N / G] or [N / G, scale_ld]) or E8M0 bytes (MX)
   float* amax;           // per-tensor current scaling: [1], max |y|

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "config/config_grid.hpp"
+#include "core/shape_spec.hpp"
+#include "quant_args.cuh"
 #include "compile/specialization.hpp"
 #include "tuning/tuned_cache.hpp"
 #include "test_util.hpp"
@@ -152,6 +154,25 @@ TEST_CASE("config_grid: every grid is non-empty, valid, sorted and holds the heu
     CAPTURE(h.str());
     CHECK(in_grid(grid, h));
   });
+}
+
+TEST_CASE("config_grid: q transposed keeps the configs with the most rows its shared tile holds") {
+  // Each column of a program's tile leaves as one store of its rows' codes.
+  for (const char* spec : {"rms:bf16:8192x4096:quant=e4m3/tensor:transpose", "rms:bf16:33x7168:quant=e5m2/tensor-static:transpose",
+                           "rms:bf16:4096x4096:x=e4m3/group16:quant=e4m3/tensor:transpose",
+                           "rms:bf16:1x2048:quant=e4m3/tensor:transpose", "rms:bf16:64x100000:quant=e4m3/tensor:transpose"}) {
+    CAPTURE(spec);
+    const NormDesc d = parse_shape_spec(spec).desc;
+    const auto grid = candidate_grid(Op::Forward, d, 8);
+    REQUIRE(!grid.empty());
+    const int rows = grid.front().rows_per_pid;
+    for (const LaunchConfig& c : grid) {
+      CHECK(c.rows_per_pid == rows);
+      CHECK(c.rows_per_pid <= nj::yt_tile_rows(d.N));
+      CHECK(static_cast<std::int64_t>(c.rows_per_pid) * d.N <= nj::yt_tile_bytes() + (c.rows_per_pid == 1 ? d.N : 0));
+    }
+    if (d.N <= 4096 && d.M >= 16) CHECK(rows >= 4);  // 4-byte stores or wider where the tile holds them
+  }
 }
 
 TEST_CASE("config_grid: two-pass only for rows that do not fit in registers") {

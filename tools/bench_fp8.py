@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare  # noqa: E402
 
 SHAPES = [(8192, 4096), (16384, 7168), (32768, 5120), (4096, 16384), (1, 4096), (32, 7168)]
-VARIANTS = ["tensor-static", "tensor", "token", "group128", "mx32", "res+token"]
+VARIANTS = ["tensor-static", "tensor", "token", "group128", "mx32", "res+token", "group64", "group128-col-ue8m0",
+            "static+amax", "tensor+t", "token+y", "res+group128"]
 MIN_SCALE = 2.0 ** -126
 
 
@@ -40,16 +41,26 @@ def reference(torch, F, variant, fp8, fmax):
         if variant.startswith("res+"):
             x = x + r
         y = F.rms_norm(x, (x.shape[-1],), w, 1e-6)
-        if variant == "tensor-static":
+        v = variant[4:] if variant.startswith("res+") else variant
+        if v == "tensor-static":
             return quant(y, static_scale), static_scale
-        if variant == "tensor":
+        if v == "static+amax":
+            return quant(y, static_scale), y.abs().amax().float()
+        if v.startswith("tensor"):
             amax = y.abs().amax().float()
             scale = (amax / fmax).clamp(min=MIN_SCALE)
-            return quant(y, scale), scale, amax
-        if variant.endswith("token"):
+            q = quant(y, scale)
+            return (q, scale, amax) + ((q.t().contiguous(),) if v == "tensor+t" else ())
+        if v.startswith("token"):
             scale = (y.abs().amax(-1, keepdim=True).float() / fmax).clamp(min=MIN_SCALE)
-            return quant(y, scale), scale
-        G = 32 if variant == "mx32" else int(variant[len("group"):])
+            return (quant(y, scale), scale) + ((y,) if v == "token+y" else ())
+        if v.endswith("-col-ue8m0"):  # DeepGEMM's scales: powers of two, [N / G, M]
+            G = int(v[len("group"):-len("-col-ue8m0")])
+            yg = y.view(y.shape[0], -1, G)
+            scale = torch.exp2(torch.ceil(torch.log2((yg.abs().amax(-1, keepdim=True).float() / fmax)
+                                                      .clamp(min=MIN_SCALE))))
+            return (yg.float() / scale).clamp(-fmax, fmax).to(fp8).view(y.shape), scale.squeeze(-1).t().contiguous()
+        G = 32 if v == "mx32" else int(v[len("group"):])
         yg = y.view(y.shape[0], -1, G)
         amax = yg.abs().amax(-1, keepdim=True).float()
         if variant == "mx32":
@@ -63,16 +74,24 @@ def reference(torch, F, variant, fp8, fmax):
     return f
 
 
+def group_of(v):
+    return int(v[len("group"):].split("-")[0])
+
+
 def traffic(variant, M, N):
     b = 2 * M * N + 2 * N + M * N  # x (bf16), weight, q (1 byte)
-    if variant.startswith("res+"):
+    v = variant
+    if v.startswith("res+"):
         b += 2 * 2 * M * N  # residual in, h out
-    if variant.endswith("token"):
-        b += 4 * M
-    elif variant.startswith("group"):
-        b += 4 * M * N // int(variant[5:])
-    elif variant == "mx32":
+        v = v[4:]
+    if v.startswith("token"):
+        b += 4 * M + (2 * M * N if v == "token+y" else 0)  # y_hp in bf16
+    elif v.startswith("group"):
+        b += 4 * M * N // group_of(v)
+    elif v == "mx32":
         b += M * N // 32
+    elif v == "tensor+t":
+        b += M * N  # q transposed
     return b
 
 
@@ -105,10 +124,13 @@ def main(argv=None) -> int:
         static = torch.tensor([0.01], device="cuda")
         for variant in args.variants.split(","):
             res = variant.startswith("res+")
-            quant = variant[4:] if res else variant
-            kw = dict(quant="group" if quant.startswith("group") else quant, fp8_dtype=fp8,
-                      group_size=int(quant[5:]) if quant.startswith("group") else 128,
-                      scale=static if quant == "tensor-static" else None, residual=r if res else None)
+            v = variant[4:] if res else variant
+            quant = ("group" if v.startswith("group") else "tensor-static" if v == "static+amax"
+                     else v.split("+")[0])
+            kw = dict(quant=quant, fp8_dtype=fp8, group_size=group_of(v) if v.startswith("group") else 128,
+                      scale=static if quant == "tensor-static" else None, residual=r if res else None,
+                      scale_col_major=v.endswith("-col-ue8m0"), scale_ue8m0=v.endswith("-col-ue8m0"),
+                      return_amax=v == "static+amax", transpose=v == "tensor+t", return_y=v == "token+y")
 
             def nj():
                 return njt.rms_norm_fp8(x, (N,), w, 1e-6, **kw)

@@ -157,22 +157,38 @@ at::Tensor bias_as_weight(const c10::optional<at::Tensor>& bias, const at::Tenso
   return (w.defined() ? bias->to(w.scalar_type()) : *bias).contiguous();
 }
 
+// A forward's row shape and parameters, checked: N and M of x's rows, weight
+// and bias (bias in weight's dtype) contiguous.
+struct Params {
+  int64_t N, n_dims, M;
+  at::Tensor w, b;
+};
+
+Params params_of(const at::Tensor& x, c10::IntArrayRef normalized_shape, const c10::optional<at::Tensor>& weight,
+                 const c10::optional<at::Tensor>& bias, double weight_offset) {
+  Params p;
+  p.N = normalized_size(x, normalized_shape);
+  p.n_dims = static_cast<int64_t>(normalized_shape.size());
+  p.M = p.N ? x.numel() / p.N : 0;
+  p.w = weight && weight->defined() ? weight->contiguous() : at::Tensor();
+  check_param(p.w, "weight", x, p.n_dims);
+  if (bias) check_param(*bias, "bias", x, p.n_dims);
+  p.b = bias_as_weight(bias, p.w);
+  TORCH_CHECK(weight_offset == 0.0 || p.w.defined(), "weight_offset = ", weight_offset,
+              " needs a weight (w' = weight + weight_offset)");
+  return p;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd_cuda(
     const at::Tensor& x, const c10::optional<at::Tensor>& residual, const c10::optional<at::Tensor>& weight,
     const c10::optional<at::Tensor>& bias, int64_t norm, c10::IntArrayRef normalized_shape, double eps,
     double weight_offset, int64_t cast_mode, int64_t residual_rounding) {
   TORCH_CHECK(x.is_cuda(), "x is on device '", x.device(), "': normjit runs on CUDA tensors only");
   const int32_t xt = dtype_of(x, "x");
-  const int64_t N = normalized_size(x, normalized_shape);
-  const int64_t n_dims = static_cast<int64_t>(normalized_shape.size());
-  const int64_t M = N ? x.numel() / N : 0;
-  const at::Tensor w = weight && weight->defined() ? weight->contiguous() : at::Tensor();
-  check_param(w, "weight", x, n_dims);
-  if (bias) check_param(*bias, "bias", x, n_dims);
-  const at::Tensor b = bias_as_weight(bias, w);
+  const Params p = params_of(x, normalized_shape, weight, bias, weight_offset);
+  const int64_t N = p.N, n_dims = p.n_dims, M = p.M;
+  const at::Tensor &w = p.w, &b = p.b;
   const bool ln = norm == NORMJIT_NORM_LAYER, res = residual && residual->defined();
-  TORCH_CHECK(weight_offset == 0.0 || w.defined(), "weight_offset = ", weight_offset,
-              " needs a weight (w' = weight + weight_offset)");
   c10::cuda::CUDAGuard guard(x.device());
 
   normjit_norm_desc d = base_desc(norm, M, N, eps, weight_offset, cast_mode);
@@ -378,15 +394,9 @@ Fp8Outputs norm_fwd_fp8_cuda(
     double scale_ub, double scale_min, bool return_y, bool transpose, bool store_amax, bool return_stats) {
   TORCH_CHECK(x_.is_cuda(), "x is on device '", x_.device(), "': normjit runs on CUDA tensors only");
   const int32_t xt = dtype_of(x_, "x");
-  const int64_t N = normalized_size(x_, normalized_shape);
-  const int64_t n_dims = static_cast<int64_t>(normalized_shape.size());
-  const int64_t M = N ? x_.numel() / N : 0;
-  const at::Tensor w = weight && weight->defined() ? weight->contiguous() : at::Tensor();
-  check_param(w, "weight", x_, n_dims);
-  if (bias) check_param(*bias, "bias", x_, n_dims);
-  const at::Tensor b = bias_as_weight(bias, w);
-  TORCH_CHECK(weight_offset == 0.0 || w.defined(), "weight_offset = ", weight_offset,
-              " needs a weight (w' = weight + weight_offset)");
+  const Params p = params_of(x_, normalized_shape, weight, bias, weight_offset);
+  const int64_t N = p.N, n_dims = p.n_dims, M = p.M;
+  const at::Tensor &w = p.w, &b = p.b;
   c10::cuda::CUDAGuard guard(x_.device());
   const at::Tensor x = x_.contiguous();
   normjit_norm_desc d = base_desc(norm, M, N, eps, weight_offset, cast_mode);
@@ -456,13 +466,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd_
     at::ScalarType fp8_dtype) {
   TORCH_CHECK(x_q_.is_cuda(), "x_q is on device '", x_q_.device(), "': normjit runs on CUDA tensors only");
   const int32_t xt = fp8_code(x_q_.scalar_type(), "x_q.dtype");
-  const int64_t N = normalized_size(x_q_, normalized_shape);
-  const int64_t n_dims = static_cast<int64_t>(normalized_shape.size());
-  const int64_t M = N ? x_q_.numel() / N : 0;
-  const at::Tensor w = weight && weight->defined() ? weight->contiguous() : at::Tensor();
-  check_param(w, "weight", x_q_, n_dims);
-  if (bias) check_param(*bias, "bias", x_q_, n_dims);
-  const at::Tensor b = bias_as_weight(bias, w);
+  const Params p = params_of(x_q_, normalized_shape, weight, bias, 0.0);
+  const int64_t N = p.N, n_dims = p.n_dims, M = p.M;
+  const at::Tensor &w = p.w, &b = p.b;
   TORCH_CHECK(x_scale_.device() == x_q_.device(), "x_scale is on device '", x_scale_.device(), "' but x_q is on '",
               x_q_.device(), "'");
   TORCH_CHECK(x_scale_.numel() > 0 && (M * N) % x_scale_.numel() == 0, "x_scale has ", x_scale_.numel(),

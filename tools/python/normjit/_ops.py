@@ -58,6 +58,15 @@ def _candidates():
             yield os.path.join(d, n)
 
 
+def _param_grad_fakes(like, weight, bias):
+    """dweight and dbias as the backward operators allocate them ([0] when absent)."""
+    dweight = torch.empty_like(weight, memory_format=torch.contiguous_format) if weight is not None \
+        else like.new_empty((0,))
+    if bias is None:
+        return dweight, like.new_empty((0,))
+    return dweight, bias.new_empty(bias.shape, dtype=weight.dtype if weight is not None else bias.dtype)
+
+
 def _register_fakes():
     @torch.library.register_fake("normjit::norm_fwd")
     def _(x, residual, weight, bias, norm, normalized_shape, eps, weight_offset, cast_mode, residual_rounding):
@@ -76,14 +85,7 @@ def _register_fakes():
 
     @torch.library.register_fake("normjit::norm_bwd")
     def _(dy, xin, weight, bias, mean, rstd, dh, norm, n_dims, weight_offset, cast_mode, heads, y_dtype):
-        dx = xin.new_empty(xin.shape)
-        dweight = torch.empty_like(weight, memory_format=torch.contiguous_format) if weight is not None \
-            else xin.new_empty((0,))
-        if bias is None:
-            dbias = xin.new_empty((0,))
-        else:
-            dbias = bias.new_empty(bias.shape, dtype=weight.dtype if weight is not None else bias.dtype)
-        return dx, dweight, dbias
+        return (xin.new_empty(xin.shape),) + _param_grad_fakes(xin, weight, bias)
 
 
 _QUANT_TENSOR_STATIC, _QUANT_TENSOR, _QUANT_TOKEN, _QUANT_GROUP, _QUANT_MX = 1, 2, 3, 4, 5
@@ -158,13 +160,7 @@ def _register_fp8():
     @torch.library.register_fake("normjit::norm_bwd_fp8_input")
     def _(dy, x_q, x_scale, weight, bias, mean, rstd, norm, n_dims, out_dtype):
         dx = x_q.new_empty(x_q.shape, dtype=out_dtype)
-        dweight = torch.empty_like(weight, memory_format=torch.contiguous_format) if weight is not None \
-            else dx.new_empty((0,))
-        if bias is None:
-            dbias = dx.new_empty((0,))
-        else:
-            dbias = bias.new_empty(bias.shape, dtype=weight.dtype if weight is not None else bias.dtype)
-        return dx, dweight, dbias
+        return (dx,) + _param_grad_fakes(dx, weight, bias)
 
     # dL/dx reaches x_grad_proxy (an FP8 x_q cannot hold a gradient); the
     # quantized outputs, mean and rstd carry none.
