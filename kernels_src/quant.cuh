@@ -43,7 +43,9 @@ struct QuantOps {
   }
 
   // max(v over the block) into *out with one atomic: non-negative floats
-  // order as their bit patterns, so an unsigned atomicMax is a float max.
+  // order as their bit patterns, so an unsigned atomicMax is a float max. A
+  // grid of one program stores it instead: the engine then sets no zero
+  // first (a memset is a GPU operation of its own, about 1 us at decode).
   static __device__ __forceinline__ void block_max_to(float v, float* out) {
     __shared__ float warp_max[32];
 #pragma unroll
@@ -53,7 +55,8 @@ struct QuantOps {
     if (threadIdx.x == 0) {
       float m = 0.f;
       for (int i = 0; i < (int)(blockDim.x + 31) / 32; ++i) m = fmaxf(m, warp_max[i]);
-      atomicMax(reinterpret_cast<unsigned*>(out), __float_as_uint(m));
+      if (gridDim.x == 1) *out = m;
+      else atomicMax(reinterpret_cast<unsigned*>(out), __float_as_uint(m));
     }
   }
 

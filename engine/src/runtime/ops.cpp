@@ -65,13 +65,14 @@ void launch_forward(const LoadedKernel& k, const NormDesc& d, const nj::NormArgs
     // Current scaling in two launches: the first reads the rows once for
     // amax (a resident-sized grid striding over them, so few programs meet
     // in its one atomic), the second recomputes y and quantizes with it.
-    NJ_CU(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(t.amax), 0, 1, s));
+    // (A grid of one program stores amax itself: no zero first.)
+    if (resident > 1) NJ_CU(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(t.amax), 0, 1, s));
     k.launch(resident, g.block, s, args);
     q.phase = 1;
   } else if (d.store_amax) {
     // A static scale that writes amax: one launch, quantizing and measuring,
     // striding over the rows in a resident-sized grid as the amax pass does.
-    NJ_CU(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(t.amax), 0, 1, s));
+    if (resident > 1) NJ_CU(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(t.amax), 0, 1, s));
     k.launch(resident, g.block, s, args);
     return;
   }
