@@ -7,7 +7,8 @@
 //
 // FP8: an FP8 x is dequantized on load (x = q * x_scale[row, col / XGROUP]);
 // a quantized y (QUANT) is written as FP8 codes with its scales, and
-// optionally y unquantized (STORE_YHP) and q transposed (STORE_YT). The
+// optionally y unquantized (STORE_YHP) and q transposed (STORE_YT: at
+// decode by the row kernel, else by q_transpose.cuh's launch after it). The
 // quantization helpers come from Spec::Q (nj::QuantOps, quant.cuh), which
 // only quantized variants include: the other kernels do not depend on it.
 //
@@ -86,25 +87,6 @@ template <bool PEEL, class Row> __device__ __forceinline__ bool whole_chunk(cons
   else return true;
 }
 
-// STORE_YT (quantized Specs only): q transposed, [N, M]. Written through a
-// shared tile [N][ROWS] (column j's ROWS codes side by side) where it fits
-// (yt_tile_bytes, quant_args.cuh), so that each column's codes of a
-// program's rows leave as one ROWS-byte store rather than ROWS strided bytes
-// (measured at 6% of the copy on an H200 byte by byte). The engine gives
-// such kernels yt_tile_rows(N) rows.
-template <class S> constexpr auto store_yt_or(int) -> decltype(S::STORE_YT + 0) { return S::STORE_YT; }
-template <class S> constexpr bool store_yt_or(long) { return false; }
-template <class S> constexpr bool yt_tiled() {
-  return store_yt_or<S>(0) != 0 && S::N * S::ROWS <= yt_tile_bytes() && (S::ROWS & (S::ROWS - 1)) == 0 && S::ROWS <= 16;
-}
-
-// The shared tile of q transposed (yt_tiled kernels only: a function, so the
-// other kernels declare no shared array and keep their machine code).
-template <class S> __device__ __forceinline__ unsigned char* yt_tile() {
-  __shared__ __align__(16) unsigned char tile[S::N * S::ROWS];
-  return tile;
-}
-
 // One row's pointers and the fused residual add.
 template <class S> struct FwdRow {
   using index_t = typename S::index_t;
@@ -145,12 +127,6 @@ template <class S> struct FwdRow {
       y -= lo;
       if constexpr (S::RESIDUAL) r -= lo;
       if constexpr (S::STORE_RES) ro -= lo;
-    }
-    if constexpr (yt_tiled<S>()) {
-      // q transposed goes to the row's column of the shared tile (see yt_tiled).
-      yt = yt_tile<S>();
-      row = threadIdx.x / S::TPR;
-      M = S::ROWS;
     }
   }
 
@@ -409,30 +385,6 @@ __device__ __forceinline__ void load_wb(const NormArgs& a, int col, bool exact, 
   }
 }
 
-// An unsigned word of B bytes (B = 1, 2, 4, 8, 16).
-template <int B> struct Word { using type = unsigned char; };
-template <> struct Word<2> { using type = unsigned short; };
-template <> struct Word<4> { using type = unsigned; };
-template <> struct Word<8> { using type = unsigned long long; };
-template <> struct Word<16> { using type = uint4; };
-
-// A program's tile of q transposed (yt_tiled) to [N, M]: column c's codes of
-// rows row0 .. row0 + ROWS - 1 as one store where they are whole and aligned.
-template <class S>
-__device__ __forceinline__ void store_yt_tile(const unsigned char* tile, void* y_t, long long row0, long long M) {
-  constexpr int R = S::ROWS;
-  using W = typename Word<R>::type;
-  const long long n = M - row0 < R ? M - row0 : R;
-  for (int c = threadIdx.x; c < S::N; c += S::TPR * S::ROWS) {
-    unsigned char* dst = static_cast<unsigned char*>(y_t) + (long long)c * M + row0;
-    if (n == R && reinterpret_cast<unsigned long long>(dst) % sizeof(W) == 0) {
-      *reinterpret_cast<W*>(dst) = *reinterpret_cast<const W*>(tile + c * R);
-    } else {
-      for (int r = 0; r < n; ++r) dst[r] = tile[c * R + r];
-    }
-  }
-}
-
 }  // namespace nj
 
 // One program's ROWS rows (`group` of them), or with CLUSTER > 1 the
@@ -488,7 +440,6 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
   if constexpr (C > 1) xc.init();
   // Rows past M still take part in the reductions' barriers; they only skip memory.
   const bool valid = row < a.M;
-  constexpr bool YT_TILE = nj::yt_tiled<S>();
   const nj::FwdRow<S> R(a, q, valid ? row : 0);
   constexpr float inv_n = 1.0f / S::N;
   // LayerNorm sums are shifted by the row's first element, so a large mean
@@ -836,11 +787,6 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     if constexpr (S::STORE_RSTD) a.rstd[row] = rstd;
     if constexpr (S::STORE_MEAN) a.mean[row] = shift + m;
   }
-  if constexpr (YT_TILE) {
-    __syncthreads();  // the tile is whole
-    nj::store_yt_tile<S>(nj::yt_tile<S>(), q.y_t, group * S::ROWS, a.M);
-    __syncthreads();  // and free for the next row group
-  }
 }
 
 // A template, so that `if constexpr` discards the paths a Spec does not take.
@@ -851,10 +797,40 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
   float amax_acc = 0.f;
   if constexpr (nj::quant_of<S>() != nj::Q_TENSOR && !nj::store_amax_of<S>()) {
     norm_fwd_rows<S>(a, q, S::CLUSTER > 1 ? 0 : blockIdx.x, amax_acc);
-  } else {
+  } else if constexpr (nj::quant_of<S>() != nj::Q_TENSOR) {
     for (long long g = blockIdx.x; g * S::ROWS < a.M; g += gridDim.x) norm_fwd_rows<S>(a, q, g, amax_acc);
+    S::Q::block_max_to(amax_acc, q.amax);
+  } else {
+    // Tensor scaling: phase 0 measures, 1 quantizes, 2 (a grid of one
+    // program, decode) does both in one launch, a block barrier between.
+    // Quantizing walks the row groups last-measured first: those rows are
+    // the ones still in L2. One loop and one copy of the row code for all
+    // three (a loop a phase took 73-82 registers where one takes 64, and ran
+    // a CTA an SM fewer).
+    // Tensor scaling: phase 0 measures, 1 quantizes, walking the row groups
+    // last-measured first: those rows are the ones still in L2.
+    const long long groups = (a.M + S::ROWS - 1) / S::ROWS;
+    for (long long k = blockIdx.x; k < groups; k += gridDim.x)
+      norm_fwd_rows<S>(a, q, q.phase == 1 ? groups - 1 - k : k, amax_acc);
     if (q.phase == 0) S::Q::block_max_to(amax_acc, q.amax);
   }
+}
+
+// Tensor scaling in one launch of one program (decode): both phases, a
+// block barrier between; amax is stored, not accumulated. A kernel of its
+// own (normjit_norm_fwd_once): the two phases' loops in one function took
+// 73-82 registers where the two-launch kernel takes 64, and ran a CTA an
+// SM fewer.
+template <class S> __device__ __forceinline__ void norm_fwd_once(const nj::NormArgs& a, const nj::QuantArgs& q) {
+  float amax_acc = 0.f;
+  const long long groups = (a.M + S::ROWS - 1) / S::ROWS;
+  nj::QuantArgs qp = q;
+  qp.phase = 0;
+  for (long long g = 0; g < groups; ++g) norm_fwd_rows<S>(a, qp, g, amax_acc);
+  S::Q::block_max_to(amax_acc, q.amax);
+  __syncthreads();  // amax is visible to the block
+  qp.phase = 1;
+  for (long long g = groups - 1; g >= 0; --g) norm_fwd_rows<S>(a, qp, g, amax_acc);
 }
 
 // NJ_MIN_BLOCKS (the prelude's, only where > 1): the CTAs an SM must hold
@@ -871,3 +847,9 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
 extern "C" __global__ void NJ_FWD_BOUNDS normjit_norm_fwd(const nj::NormArgs a, const nj::QuantArgs q) {
   norm_fwd<Spec>(a, q);
 }
+// Only the preludes of tensor-scaled variants define NJ_FWD_ONCE.
+#ifdef NJ_FWD_ONCE
+extern "C" __global__ void NJ_FWD_BOUNDS normjit_norm_fwd_once(const nj::NormArgs a, const nj::QuantArgs q) {
+  norm_fwd_once<Spec>(a, q);
+}
+#endif

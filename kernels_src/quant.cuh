@@ -95,12 +95,26 @@ struct QuantOps {
     store_chunk<S::N, S::VEC>(static_cast<typename S::yhp_t*>(R.yhp) + R.yo, col, hv, exact);
   }
 
+  // Column j of the row's codes as element (j, row) of the [N, M]
+  // transpose, a byte each (R.yt is set only at decode, where the engine
+  // finds these strided bytes cheaper than a transpose launch of its own).
+  template <class S, class Row>
+  static __device__ __forceinline__ void store_yt(const Row& R, int col, bool exact, const unsigned char (&b)[S::VEC]) {
+    if constexpr (S::STORE_YT) {
+      if (!R.yt) return;
+      unsigned char* t = static_cast<unsigned char*>(R.yt) + R.row;
+#pragma unroll
+      for (int k = 0; k < S::VEC; ++k)
+        if (exact || col + k < S::N) t[(long long)(col + k) * R.M] = b[k];
+    }
+  }
+
   // Stores one chunk of a quantized y at column `col` of row R (an
   // nj::FwdRow): the values `v` times `inv` = 1 / scale as FP8 codes, and
   // y_hp and the transpose where the variant writes them.
   template <class S, class Row>
   static __device__ __forceinline__ void store(const Row& R, int col, bool exact, const float (&v)[S::VEC], float inv) {
-    if constexpr (S::VEC % 4 == 0 && !S::STORE_YT) {
+    if constexpr (S::VEC % 4 == 0) {
       // Whole chunks as 32-bit words of four codes (fp8x4): no byte moves.
       if (exact || col + S::VEC <= S::N) {
         Vec<unsigned, S::VEC / 4> w;
@@ -109,6 +123,18 @@ struct QuantOps {
           w.v[k / 4] = fp8x4<typename S::y_t>(v[k] * inv, v[k + 1] * inv, v[k + 2] * inv, v[k + 3] * inv);
         *reinterpret_cast<Vec<unsigned, S::VEC / 4>*>(R.y + col) = w;
         if constexpr (S::STORE_YHP) store_yhp<S>(R, col, true, v);
+        if constexpr (S::STORE_YT) {
+          // One row: its transpose [N, 1] is q's row itself, stored whole.
+          unsigned char* t = static_cast<unsigned char*>(R.yt);
+          if (R.M == 1 && t && reinterpret_cast<unsigned long long>(t + col) % sizeof(w) == 0) {
+            *reinterpret_cast<Vec<unsigned, S::VEC / 4>*>(t + col) = w;
+          } else {
+            unsigned char b[S::VEC];
+#pragma unroll
+            for (int k = 0; k < S::VEC; ++k) b[k] = static_cast<unsigned char>(w.v[k / 4] >> (8 * (k % 4)));
+            store_yt<S>(R, col, true, b);
+          }
+        }
         return;
       }
     }
@@ -116,13 +142,10 @@ struct QuantOps {
     store_chunk<S::N, S::VEC>(R.y, col, qv, exact);
     if constexpr (S::STORE_YHP) store_yhp<S>(R, col, exact, v);
     if constexpr (S::STORE_YT) {
-      // Column j of this row is element (j, row) of the [N, M] transpose:
-      // one byte per row of the transpose (strided; L2 merges the bytes of
-      // neighbouring rows' programs before they reach memory).
-      auto* t = static_cast<typename S::y_t*>(R.yt) + R.row;
+      unsigned char b[S::VEC];
 #pragma unroll
-      for (int k = 0; k < S::VEC; ++k)
-        if (exact || col + k < S::N) t[(long long)(col + k) * R.M] = qv.v[k];
+      for (int k = 0; k < S::VEC; ++k) b[k] = qv.v[k].bits;
+      store_yt<S>(R, col, exact, b);
     }
   }
 

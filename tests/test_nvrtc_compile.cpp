@@ -25,6 +25,7 @@
 #include "compile/specialization.hpp"
 #include "test_util.hpp"
 #include "core/parallel.hpp"
+#include "core/shape_spec.hpp"
 #include "core/variant.hpp"
 
 using namespace normjit;
@@ -236,11 +237,17 @@ TEST_CASE("nvrtc: every FP8 variant compiles for sm_80 (software conversions), s
   parallel_for(jobs, [&](int i) {
     if (specs[i / 3].cfg.cluster > 1 && archs[i % 3] != "sm_90") return;  // clusters are sm_90+
     try {
-      if (!is_elf(compile_spec(specs[i / 3], archs[i % 3], "").cubin)) failures[i] = "not an ELF file";
+      const std::string cubin = compile_spec(specs[i / 3], archs[i % 3], "").cubin;
+      if (!is_elf(cubin)) failures[i] = "not an ELF file";
+      // The module's other kernels: q transposed, tensor scaling in one program.
+      for (const char* k : {specs[i / 3].transpose_kernel_name(), specs[i / 3].once_kernel_name()})
+        if (k && cubin.find(k) == std::string::npos) failures[i] = fmt::format("no {} in the cubin", k);
     } catch (const Error& e) {
       failures[i] = e.what();
     }
   });
+  CHECK(std::count_if(specs.begin(), specs.end(), [](const KernelSpec& s) { return s.transpose_kernel_name(); }) > 0);
+  CHECK(std::count_if(specs.begin(), specs.end(), [](const KernelSpec& s) { return s.once_kernel_name(); }) > 0);
   MESSAGE(fmt::format("{} FP8 specs x 3 archs", specs.size()));
   for (int i = 0; i < jobs; ++i) {
     CAPTURE(specs[i / 3].name());
@@ -282,6 +289,23 @@ TEST_CASE("nvrtc: the generated source holds the spec's constants and includes i
                                    "STORE_RES = true", "ROUND_RES = true", "using r_t = float", "using h_t = float",
                                    "STORE_MEAN = true"});
   CHECK(lf.name() == "ln_fwd.x=fp16.y=fp16.w=fp16.bias.off=1.res=fp32.ro=fp32.h=fp32.mean.rstd.N768.v4.t64.r1.i32");
+
+  // q transposed: the forward module holds the transpose kernel too; no other does.
+  const NormDesc yt = parse_shape_spec("rms:bf16:4096x4096:quant=e4m3/tensor:transpose").desc;
+  const KernelSpec ytf = make_spec(Op::Forward, yt, LaunchConfig::parse("v8.t512.r1"));
+  CHECK(std::string(ytf.transpose_kernel_name()) == "normjit_q_transpose");
+  check_contains_all(ytf.source(), {"STORE_YT = true", "#include \"norm_fwd.cuh\"\n#include \"q_transpose.cuh\""});
+  NormDesc plain = yt;
+  plain.store_y_t = false;
+  const KernelSpec pf = make_spec(Op::Forward, plain, LaunchConfig::parse("v8.t512.r1"));
+  CHECK(pf.transpose_kernel_name() == nullptr);
+  CHECK_FALSE(contains(pf.source(), "q_transpose.cuh"));
+  CHECK(fwd.transpose_kernel_name() == nullptr);
+  // Tensor scaling: the one-program kernel too, named by the prelude's define.
+  CHECK(std::string(ytf.once_kernel_name()) == "normjit_norm_fwd_once");
+  CHECK(contains(ytf.source(), "#define NJ_FWD_ONCE"));
+  CHECK(fwd.once_kernel_name() == nullptr);
+  CHECK_FALSE(contains(fwd.source(), "NJ_FWD_ONCE"));
 
   const KernelSpec fin = finalize_spec(make_desc(8, 64, DType::BF16, DType::F32));
   CHECK(fin.name() == "dw_finalize.fp32");

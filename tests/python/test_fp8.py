@@ -83,8 +83,10 @@ def test_rms_norm_fp8_matches_float64(quant, fp8):
     assert torch.allclose(out.y.double(), y, rtol=2e-2, atol=2e-2)
 
 
-def test_rms_norm_fp8_residual_transpose_and_static_scale():
-    M, N = 128, 2048
+# q transposed: one row (the row itself), the row kernel's bytes (M x N <= 2^15),
+# the transpose launch (whole tiles, and partial ones both ways with M no multiple of 16).
+@pytest.mark.parametrize("M,N", [(1, 2048), (7, 2048), (128, 2048), (130, 1000)])
+def test_rms_norm_fp8_residual_transpose_and_static_scale(M, N):
     x = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
     r = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
     w = torch.ones(N, device=DEV, dtype=torch.bfloat16)

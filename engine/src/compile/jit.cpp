@@ -112,6 +112,8 @@ LoadedKernel::LoadedKernel(const KernelSpec& spec, const KernelBinary& bin) : sp
   NJ_CU(cuModuleLoadData(&mod_, bin.cubin.data()));
   try {
     NJ_CU(cuModuleGetFunction(&fn_, mod_, spec.kernel_name()));
+    if (const char* t = spec.transpose_kernel_name()) NJ_CU(cuModuleGetFunction(&transpose_, mod_, t));
+    if (const char* o = spec.once_kernel_name()) NJ_CU(cuModuleGetFunction(&once_, mod_, o));
     auto attr = [&](CUfunction_attribute a) {
       int v = 0;
       NJ_CU(cuFuncGetAttribute(&v, a, fn_));
@@ -163,6 +165,21 @@ void LoadedKernel::launch(unsigned grid, unsigned block, CUstream stream, void**
     throw_driver_error(
         r, fmt::format("cuLaunchKernel({}, grid {}x{}, block {})", spec_.name(), grid, grid_y, block).c_str(),
         __FILE__, __LINE__);
+}
+
+void LoadedKernel::launch_transpose(unsigned grid, unsigned grid_y, CUstream stream, void** args) const {
+  if (grid == 0 || grid_y == 0) return;
+  const CUresult r = cu().cuLaunchKernel(transpose_, grid, grid_y, 1, 256, 1, 1, 0, stream, args, nullptr);
+  if (r != CUDA_SUCCESS)
+    throw_driver_error(r, fmt::format("cuLaunchKernel(normjit_q_transpose of {}, grid {}x{})", spec_.name(), grid, grid_y).c_str(),
+                       __FILE__, __LINE__);
+}
+
+void LoadedKernel::launch_once(unsigned block, CUstream stream, void** args) const {
+  const CUresult r = cu().cuLaunchKernel(once_, 1, 1, 1, block, 1, 1, spec_.dynamic_smem(), stream, args, nullptr);
+  if (r != CUDA_SUCCESS)
+    throw_driver_error(r, fmt::format("cuLaunchKernel(normjit_norm_fwd_once of {}, block {})", spec_.name(), block).c_str(),
+                       __FILE__, __LINE__);
 }
 
 std::shared_ptr<const LoadedKernel> KernelCache::get(const KernelSpec& spec, const std::string& arch,

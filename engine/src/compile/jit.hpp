@@ -56,6 +56,11 @@ class LoadedKernel {
   /// cuLaunchKernel with `args` (cuLaunchKernelEx with the cluster
   /// dimension for cluster specs); errors carry the spec's name.
   void launch(unsigned grid, unsigned block, CUstream stream, void** args, unsigned grid_y = 1) const;
+  /// The module's q transpose kernel (spec().transpose_kernel_name()), on a
+  /// grid x by y of 256-thread blocks.
+  void launch_transpose(unsigned grid, unsigned grid_y, CUstream stream, void** args) const;
+  /// The module's one-program kernel (spec().once_kernel_name()): one block.
+  void launch_once(unsigned block, CUstream stream, void** args) const;
 
  private:
   // A launch config of `grid` CTAs in clusters of the spec's size.
@@ -64,6 +69,7 @@ class LoadedKernel {
   KernelSpec spec_;
   CUmodule mod_ = nullptr;
   CUfunction fn_ = nullptr;
+  CUfunction transpose_ = nullptr, once_ = nullptr;
 };
 
 /// Thread-safe memo of loaded kernels in the current context; concurrent

@@ -24,6 +24,10 @@ struct KernelSpec {
 
   /// The extern "C" kernel in the template: "normjit_norm_fwd", ...
   const char* kernel_name() const;
+  /// The module's other kernels, or null: q transposed (forward with
+  /// store_y_t), and tensor scaling's two phases in one program (decode).
+  const char* transpose_kernel_name() const;
+  const char* once_kernel_name() const;
   /// The template it includes: "norm_fwd.cuh", ...
   const char* template_file() const;
   /// The generated prelude (a struct Spec of using/constexpr lines) followed

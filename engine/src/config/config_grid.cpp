@@ -7,7 +7,6 @@
 
 #include "config/row_budget.hpp"
 #include "core/variant.hpp"  // m_bucket
-#include "quant_args.cuh"     // yt_tile_rows: the kernels' transpose tile
 
 #include <cmath>
 
@@ -136,11 +135,6 @@ std::string quant_rule(Op op, const NormDesc& d, const Variant& v, const LaunchC
       return fmt::format("a quantization group of {} is not 1..32 whole vectors of {}", v.qgroup, c.vec);
     if (v.qgroup && c.threads_per_row < v.qgroup / c.vec)
       return fmt::format("{} threads per row split a group of {} vectors", c.threads_per_row, v.qgroup / c.vec);
-    // q transposed goes through a shared tile of a program's rows (all of
-    // them must fit it; candidate_grid keeps the most rows that are valid).
-    if (v.store_yt && c.rows_per_pid > nj::yt_tile_rows(d.N))
-      return fmt::format("q transposed goes out in tiles of at most {} rows at N = {}, not {}", nj::yt_tile_rows(d.N),
-                         d.N, c.rows_per_pid);
   }
   if (is_fp8(d.normed_dtype()) && d.x_group % c.vec)
     return fmt::format("a vector of {} straddles two x scale groups of {}", c.vec, d.x_group);
@@ -307,15 +301,6 @@ std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& d, int max_clust
         }
       }
     }
-  }
-  if (v.store_yt && !out.empty()) {
-    // q transposed: each column of a program's tile leaves as one store of
-    // its rows' codes, so only the configs with the most rows M has.
-    int most = 1;
-    for (const LaunchConfig& c : out) most = std::max(most, c.rows_per_pid);
-    const int want = static_cast<int>(std::min<std::int64_t>(most, m_bucket(d.M)));
-    out.erase(std::remove_if(out.begin(), out.end(), [&](const LaunchConfig& c) { return c.rows_per_pid < want; }),
-              out.end());
   }
   std::sort(out.begin(), out.end(),
             [](const LaunchConfig& a, const LaunchConfig& b) { return simplicity_key(a) < simplicity_key(b); });

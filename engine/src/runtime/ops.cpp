@@ -40,6 +40,44 @@ unsigned amax_grid(const LoadedKernel& k, const Geometry& g, int sm_count) {
   return std::min(g.grid, static_cast<unsigned>(std::max(1, sm_count * k.blocks_per_sm)));
 }
 
+namespace {
+bool transposed_by_rows(std::int64_t M, std::int64_t N) {
+  // Each code the row kernel transposes is one byte-wide store that the L2
+  // takes as a request of its own (measured on an H100: 229K of them, 32 x
+  // 7168, added 9.7 us, about 42 ps each); up to 2^15 cost less than a
+  // launch (about 2 us at decode). One row's transpose is the row itself.
+  return M == 1 || M * N <= (1LL << 15);
+}
+
+void launch_rows(const LoadedKernel& k, const NormDesc& d, const ForwardTensors& t, const Geometry& g,
+                 unsigned resident, nj::QuantArgs& q, void** args, CUstream s) {
+  if (d.quant == QuantScaling::Tensor) {
+    // Current scaling in two launches: the first reads the rows once for
+    // amax (a resident-sized grid striding over them, so few programs meet
+    // in its one atomic), the second recomputes y and quantizes with it
+    // (walking the rows backwards, so it reads the last-measured ones
+    // from L2). A grid of one program (decode) does both in one launch and
+    // stores amax itself: no zero first, no second launch.
+    if (resident == 1) {
+      k.launch_once(g.block, s, args);
+      return;
+    }
+    NJ_CU(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(t.amax), 0, 1, s));
+    k.launch(resident, g.block, s, args);
+    q.phase = 1;
+    k.launch(g.grid, g.block, s, args);
+    return;
+  } else if (d.store_amax) {
+    // A static scale that writes amax: one launch, quantizing and measuring,
+    // striding over the rows in a resident-sized grid as the amax pass does.
+    if (resident > 1) NJ_CU(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(t.amax), 0, 1, s));
+    k.launch(resident, g.block, s, args);
+    return;
+  }
+  k.launch(g.grid, g.block, s, args);
+}
+}  // namespace
+
 void launch_forward(const LoadedKernel& k, const NormDesc& d, const nj::NormArgs& layout, const ForwardTensors& t,
                     const Geometry& g, unsigned resident, CUstream s) {
   nj::NormArgs a = layout;
@@ -60,23 +98,20 @@ void launch_forward(const LoadedKernel& k, const NormDesc& d, const nj::NormArgs
   q.scale_ld = d.scale_ld();
   q.scale_ub = d.scale_ub;
   q.scale_min = d.scale_min > 0.f ? d.scale_min : kMinScale;
+  // q transposed: by the row kernel at decode, else by a launch of its own after it.
+  const bool own_transpose = d.store_y_t && !transposed_by_rows(d.M, d.N);
+  if (own_transpose) q.y_t = nullptr;
   void* args[] = {&a, &q};
-  if (d.quant == QuantScaling::Tensor) {
-    // Current scaling in two launches: the first reads the rows once for
-    // amax (a resident-sized grid striding over them, so few programs meet
-    // in its one atomic), the second recomputes y and quantizes with it.
-    // (A grid of one program stores amax itself: no zero first.)
-    if (resident > 1) NJ_CU(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(t.amax), 0, 1, s));
-    k.launch(resident, g.block, s, args);
-    q.phase = 1;
-  } else if (d.store_amax) {
-    // A static scale that writes amax: one launch, quantizing and measuring,
-    // striding over the rows in a resident-sized grid as the amax pass does.
-    if (resident > 1) NJ_CU(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(t.amax), 0, 1, s));
-    k.launch(resident, g.block, s, args);
-    return;
+  launch_rows(k, d, t, g, resident, q, args, s);
+  if (own_transpose) {
+    const void* qp = t.y;
+    void* qtp = t.y_t;
+    long long M = d.M, ld = d.y_ld();
+    int n = static_cast<int>(d.N);
+    void* targs[] = {&qp, &qtp, &M, &ld, &n};
+    k.launch_transpose(static_cast<unsigned>((d.M + nj::qt_tile_rows() - 1) / nj::qt_tile_rows()),
+                       static_cast<unsigned>((d.N + nj::qt_tile_cols() - 1) / nj::qt_tile_cols()), s, targs);
   }
-  k.launch(g.grid, g.block, s, args);
 }
 
 Geometry backward_geometry(const LoadedKernel& k, const NormDesc& d, const LaunchConfig& cfg, int sm_count) {
