@@ -9,7 +9,8 @@ the same way in the same run) / the kernel time. Bytes count FP8 where FP8
 travels: x and weight (and residual in, h out) in their dtypes, q at one byte
 an element, the scales. Per-tensor current scaling reads x twice (its amax
 launch, then the quantizing one): the second read is counted as time, not as
-bytes. A "check" column gives the fraction of q codes that differ from the
+bytes. With a fused residual add (res+) both sides write h = x + residual,
+the residual stream's next value. A "check" column gives the fraction of q codes that differ from the
 eager composition's (the composition rounds y to bf16 first, so a few differ).
 
     python3 tools/bench_fp8.py --json fp8.json --markdown fp8.md
@@ -39,7 +40,13 @@ def reference(torch, F, variant, fp8, fmax):
 
     def f(x, w, r, static_scale):
         if variant.startswith("res+"):
-            x = x + r
+            # The fused residual add's h is an output (the residual stream
+            # goes on with it), as normjit's is.
+            h = x + r
+            return g(h, w, static_scale) + (h,)
+        return g(x, w, static_scale)
+
+    def g(x, w, static_scale):
         y = F.rms_norm(x, (x.shape[-1],), w, 1e-6)
         v = variant[4:] if variant.startswith("res+") else variant
         if v == "tensor-static":
