@@ -29,6 +29,21 @@ def library_or_skip_reason():
         return False, f"libnormjit_c.so cannot be loaded (build it and set NORMJIT_LIBRARY): {e}"
 
 
+def gpu_torch_or_skip(fp8=False):
+    """torch, for a module of GPU tests; else skips the whole module, saying
+    why: no torch, no CUDA device, (fp8) no float8 dtypes, or no library.
+    Call it at module level."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("GPU test: CUDA is not available (torch.cuda.is_available() is False)", allow_module_level=True)
+    if fp8 and not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("this torch has no float8 dtypes", allow_module_level=True)
+    ok, why = library_or_skip_reason()
+    if not ok:
+        pytest.skip(f"GPU test: {why}", allow_module_level=True)
+    return torch
+
+
 @pytest.fixture
 def restore_settings():
     """Returns the process-wide engine to its environment defaults afterwards."""

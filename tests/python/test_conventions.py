@@ -23,16 +23,9 @@ GPU only.
 
 import pytest
 
-from conftest import library_or_skip_reason
+from conftest import gpu_torch_or_skip
 
-torch = pytest.importorskip("torch", reason="torch is not installed")
-if not torch.cuda.is_available():
-    pytest.skip("GPU test: CUDA is not available (torch.cuda.is_available() is False)", allow_module_level=True)
-if not hasattr(torch, "float8_e4m3fn"):
-    pytest.skip("this torch has no float8 dtypes", allow_module_level=True)
-_ok, _why = library_or_skip_reason()
-if not _ok:
-    pytest.skip(f"GPU test: {_why}", allow_module_level=True)
+torch = gpu_torch_or_skip(fp8=True)
 
 from normjit.conventions import te, vllm  # noqa: E402
 

@@ -7,16 +7,9 @@ backward. Needs torch with float8 dtypes, a CUDA device and the library.
 
 import pytest
 
-from conftest import library_or_skip_reason
+from conftest import gpu_torch_or_skip
 
-torch = pytest.importorskip("torch", reason="torch is not installed")
-if not torch.cuda.is_available():
-    pytest.skip("CUDA is not available (torch.cuda.is_available() is False)", allow_module_level=True)
-if not hasattr(torch, "float8_e4m3fn"):
-    pytest.skip("this torch has no float8 dtypes", allow_module_level=True)
-_ok, _why = library_or_skip_reason()
-if not _ok:
-    pytest.skip(_why, allow_module_level=True)
+torch = gpu_torch_or_skip(fp8=True)
 
 import normjit.torch as njt  # noqa: E402
 

@@ -14,14 +14,9 @@ import pytest
 
 import normjit
 
-from conftest import library_or_skip_reason
+from conftest import gpu_torch_or_skip
 
-torch = pytest.importorskip("torch", reason="torch is not installed")
-if not torch.cuda.is_available():
-    pytest.skip("CUDA is not available (torch.cuda.is_available() is False)", allow_module_level=True)
-_ok, _why = library_or_skip_reason()
-if not _ok:
-    pytest.skip(_why, allow_module_level=True)
+torch = gpu_torch_or_skip()
 
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
