@@ -107,15 +107,20 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 // Sums of K values over the TPR threads of a row. TPR <= 32: butterfly
 // shuffles inside the aligned lane segment. TPR > 32: per-warp shuffles,
 // then the row's warps' sums through shared memory, added in a fixed order
-// (deterministic); one barrier pair serves all K sums. Every thread of the
+// (deterministic); one barrier pair serves all K sums. The last KMAX of
+// the K values are maxima of non-negative values instead (fmaxf: NaN
+// dropped), reduced in the same shuffles and barriers. Every thread of the
 // block must call it (it may hold a barrier).
 template <int TPR> constexpr int kWarpsPerRow = TPR > 32 ? TPR / 32 : 1;
-template <int TPR, int ROWS, int K>
+template <int TPR, int ROWS, int K, int KMAX = 0>
 __device__ __forceinline__ void row_reduce(float (&v)[K], float (*smem)[kWarpsPerRow<TPR>][K]) {
 #pragma unroll
   for (int o = (TPR < 32 ? TPR : 32) / 2; o > 0; o >>= 1)
 #pragma unroll
-    for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
+    for (int k = 0; k < K; ++k) {
+      const float t = __shfl_xor_sync(0xffffffffu, v[k], o);
+      v[k] = k < K - KMAX ? v[k] + t : fmaxf(v[k], t);
+    }
   if constexpr (TPR > 32) {
     const int rg = threadIdx.x / TPR, w = (threadIdx.x % TPR) / 32;
     if (threadIdx.x % 32 == 0)
@@ -126,7 +131,7 @@ __device__ __forceinline__ void row_reduce(float (&v)[K], float (*smem)[kWarpsPe
     for (int k = 0; k < K; ++k) {
       v[k] = 0.f;
 #pragma unroll
-      for (int i = 0; i < TPR / 32; ++i) v[k] += smem[rg][i][k];
+      for (int i = 0; i < TPR / 32; ++i) v[k] = k < K - KMAX ? v[k] + smem[rg][i][k] : fmaxf(v[k], smem[rg][i][k]);
     }
     __syncthreads();  // smem is reused by the next call
   }

@@ -312,6 +312,20 @@ template <class S> struct FwdRow {
     st(y, col, yv, exact);
   }
 
+  // The largest |(h - shift - m) * w'| over the chunk's columns in the row
+  // (rows that fold their amax, see norm_fwd_rows' FOLD).
+  __device__ __forceinline__ float u_absmax(const Vec<typename S::h_t, S::VEC>& h, int col, bool exact, float shift,
+                                            float m, const Vec<typename S::w_t, S::VEC>& wv) const {
+    float r = 0.f;
+#pragma unroll
+    for (int k = 0; k < S::VEC; ++k) {
+      float v = (to_float(h.v[k]) - shift) - m;
+      if constexpr (S::HAS_W) v *= to_float(wv.v[k]) + S::W_OFFSET;
+      if (exact || col + k < S::N) r = fmaxf(r, fabsf(v));
+    }
+    return r;
+  }
+
   // y of one chunk in fp32 (quantized variants: the scales need it first).
   __device__ __forceinline__ void y_values(const Vec<typename S::h_t, S::VEC>& h, float shift, float m, float rstd,
                                            const Vec<typename S::w_t, S::VEC>& wv,
@@ -389,10 +403,11 @@ __device__ __forceinline__ void load_wb(const NormArgs& a, int col, bool exact, 
 
 // One program's ROWS rows (`group` of them), or with CLUSTER > 1 the
 // cluster's row. Tensor quantization, phase 0: only the rows' amax, into
-// amax_acc (nothing is stored).
+// amax_acc (nothing is stored). static_scale: a static scale's value as
+// norm_fwd read it (a static scale that writes amax reads it here).
 template <class S>
 __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::QuantArgs& q, long long group,
-                                              float& amax_acc) {
+                                              float& amax_acc, float static_scale = 1.f) {
   using h_t = typename S::h_t;
   using w_t = typename S::w_t;
   constexpr int C = S::CLUSTER;
@@ -415,6 +430,21 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
   // sum then squared deviations), two (two-pass rows: both at once).
   constexpr int K = S::TWO_PASS ? 2 : 1;
   __shared__ float red[S::ROWS][nj::kWarpsPerRow<S::TPR>][K];
+  // Rows quantized with a row's amax whose y is u * rstd, u = (h - mean) * w'
+  // (no bias, no Llama rounding): max|y| = rstd * max|u| (rstd > 0, one a
+  // row). FOLD takes max|u| in the pass that sums (RMSNorm: the row's load;
+  // LayerNorm: its squared deviations), a token row's in the same shuffles
+  // as that sum: no pass over the row computes y for its amax alone (a
+  // second pass cost as many instructions as the stores' and a second
+  // reduction's latency). Rounded apart from max|y| by an fp32 ulp or two;
+  // u overflows only where |h * w'| passes fp32's range. (Scaling u by
+  // rstd / scale in one multiply as well overflowed to inf on zero rows,
+  // whose scale is the minimum, and gave NaN codes: not done.)
+  // Tensor scaling keeps its own measuring launch (phase 0): folded, its
+  // quantizing launch paid for a max it does not use (4096x16384 on an H100:
+  // 1.3x the time).
+  constexpr bool FOLD = ROW_AMAX && QUANT != nj::Q_TENSOR && !S::LLAMA && !S::HAS_B && !(S::TWO_PASS && S::LAYERNORM);
+  float ua = 0.f;  // FOLD: this thread's max|u| (a token row's, once reduced)
 
   const int lane = threadIdx.x % S::TPR;
   long long row;
@@ -521,6 +551,14 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
           s[0] += f * f;
         }
       }
+      if constexpr (FOLD && !S::LAYERNORM) {
+        if (valid && tc.in(i)) {
+          nj::Vec<w_t, S::VEC> w, b;
+          if constexpr (PREFETCH_WB) w = wv[i];
+          else nj::load_wb<S>(a, col, EXACT, w, b, R.lo);
+          ua = fmaxf(ua, R.u_absmax(hv[i], col, EXACT, 0.f, 0.f, w));
+        }
+      }
     }
     if constexpr (PEEL) {
 #pragma unroll
@@ -549,7 +587,20 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         }
       }
     }
-    nj::row_reduce<S::TPR, S::ROWS>(s, red);
+    // (A token row's max|u| with the sums that hold it: see FOLD.)
+    auto reduce = [&](auto& sums) {
+      if constexpr (FOLD && QUANT == nj::Q_TOKEN) {
+        __shared__ float red_a[S::ROWS][nj::kWarpsPerRow<S::TPR>][2];
+        float v2[2] = {sums[0], ua};
+        nj::row_reduce<S::TPR, S::ROWS, 2, 1>(v2, red_a);
+        sums[0] = v2[0];
+        ua = v2[1];
+      } else {
+        nj::row_reduce<S::TPR, S::ROWS>(sums, red);
+      }
+    };
+    if constexpr (S::LAYERNORM) nj::row_reduce<S::TPR, S::ROWS>(s, red);
+    else reduce(s);
     if constexpr (S::LAYERNORM) {
       // Exact two-step variance from the cached row: stable for any mean.
       // (Measured on an H200: faster than a one-round mean/M2 combine.) In a
@@ -566,6 +617,14 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
           const float d = (nj::to_float(hv[i].v[k]) - shift) - m;
           if (EXACT || (tc.in(i) && (PEEL ? R.inner(col) : col + k < S::N))) s[0] += d * d;  // padding is not part of the row
         }
+        if constexpr (FOLD) {
+          if (valid && tc.in(i)) {
+            nj::Vec<w_t, S::VEC> w, b;
+            if constexpr (PREFETCH_WB) w = wv[i];
+            else nj::load_wb<S>(a, col, EXACT, w, b, R.lo);
+            ua = fmaxf(ua, R.u_absmax(hv[i], col, EXACT, shift, m, w));
+          }
+        }
       }
       if constexpr (PEEL) {
 #pragma unroll
@@ -574,7 +633,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
           if (hp[e] >= 0) s[0] += d * d;
         }
       }
-      nj::row_reduce<S::TPR, S::ROWS>(s, red);
+      reduce(s);
       if constexpr (C > 1) {
         // Chan et al.'s pairwise combination of the slices' (n, mean, M2):
         // exact and stable, one exchange.
@@ -596,11 +655,13 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     // Token rows of up to 32 elements a thread keep the y they computed for
     // the amax, rather than computing it again to store (fewer instructions
     // a chunk; measured within 3% either way on an H200's whole grids).
-    constexpr bool CACHE_Y = (QUANT == nj::Q_TOKEN || STATIC_AMAX) && L::ITERS * S::VEC <= 32;
+    constexpr bool CACHE_Y = (QUANT == nj::Q_TOKEN || STATIC_AMAX) && !FOLD && L::ITERS * S::VEC <= 32;
     float yc[CACHE_Y ? L::ITERS : 1][S::VEC];
     if constexpr (ROW_AMAX) {
       // Token and tensor scales need the row's amax before its first store.
-      if (QUANT == nj::Q_TOKEN || measure || STATIC_AMAX) {
+      if constexpr (FOLD) {
+        row_amax = valid ? ua * rstd : 0.f;
+      } else if (QUANT == nj::Q_TOKEN || measure || STATIC_AMAX) {
 #pragma unroll
         for (int i = 0; i < L::ITERS; ++i) {
           if (valid && tc.in(i)) {
@@ -626,10 +687,12 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         amax_acc = fmaxf(amax_acc, row_amax);
         return;
       }
-      if constexpr (QUANT == nj::Q_TOKEN) row_amax = S::Q::template row_max<S::TPR, S::ROWS>(row_amax);
+      if constexpr (QUANT == nj::Q_TOKEN && !FOLD) row_amax = S::Q::template row_max<S::TPR, S::ROWS>(row_amax);
     }
     float inv = 1.f;  // 1 / the scale a row or the tensor shares
-    if constexpr (QUANT != nj::Q_NONE) inv = S::Q::template shared_inv_scale<S>(q, row_amax, valid && lane == 0, row);
+    if constexpr (STATIC_AMAX) static_scale = *static_cast<const float*>(q.scale);
+    if constexpr (QUANT != nj::Q_NONE)
+      inv = S::Q::template shared_inv_scale<S>(q, row_amax, valid && lane == 0, row, static_scale);
     // y of chunk i of the thread, given its weight and bias (staged kernels).
     auto store_chunk = [&](int i, const nj::Vec<w_t, S::VEC>& w, const nj::Vec<w_t, S::VEC>& b) {
       const int col = tc.col(i);
@@ -724,9 +787,23 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
             s[1] += d;
           }
         }
+        if constexpr (FOLD) {  // RMSNorm only here (see FOLD)
+          nj::Vec<w_t, S::VEC> w, b;
+          nj::load_wb<S>(a, c * S::VEC, EXACT, w, b, R.lo);
+          ua = fmaxf(ua, R.u_absmax(hv, c * S::VEC, EXACT, 0.f, 0.f, w));
+        }
       }
     }
-    nj::row_reduce<S::TPR, S::ROWS>(s, red);
+    if constexpr (FOLD && QUANT == nj::Q_TOKEN) {
+      __shared__ float red_a[S::ROWS][nj::kWarpsPerRow<S::TPR>][3];
+      float v3[3] = {s[0], s[1], ua};
+      nj::row_reduce<S::TPR, S::ROWS, 3, 1>(v3, red_a);
+      s[0] = v3[0];
+      s[1] = v3[1];
+      ua = v3[2];
+    } else {
+      nj::row_reduce<S::TPR, S::ROWS>(s, red);
+    }
     float var = s[0] * inv_n;
     if constexpr (S::LAYERNORM) {
       m = s[1] * inv_n;
@@ -744,8 +821,11 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     };
     float row_amax = 0.f;
     if constexpr (ROW_AMAX) {
-      // One more pass over the row (from L2) for its amax.
-      if (valid && (QUANT == nj::Q_TOKEN || measure || STATIC_AMAX)) {
+      // FOLD: max|u| came with the sums; else one more pass over the row
+      // (from L2) for its amax.
+      if constexpr (FOLD) {
+        row_amax = valid ? ua * rstd : 0.f;
+      } else if (valid && (QUANT == nj::Q_TOKEN || measure || STATIC_AMAX)) {
 #pragma unroll 4
         for (int c = lane; c < L::CHUNKS; c += S::TPR) {
           float v[S::VEC];
@@ -760,10 +840,12 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         amax_acc = fmaxf(amax_acc, row_amax);
         return;
       }
-      if constexpr (QUANT == nj::Q_TOKEN) row_amax = S::Q::template row_max<S::TPR, S::ROWS>(row_amax);
+      if constexpr (QUANT == nj::Q_TOKEN && !FOLD) row_amax = S::Q::template row_max<S::TPR, S::ROWS>(row_amax);
     }
     float inv = 1.f;
-    if constexpr (QUANT != nj::Q_NONE) inv = S::Q::template shared_inv_scale<S>(q, row_amax, valid && lane == 0, row);
+    if constexpr (STATIC_AMAX) static_scale = *static_cast<const float*>(q.scale);
+    if constexpr (QUANT != nj::Q_NONE)
+      inv = S::Q::template shared_inv_scale<S>(q, row_amax, valid && lane == 0, row, static_scale);
     if (valid) {
       // A group's lanes run the same iterations (TPR and the chunk count are
       // multiples of the lanes of a group), so they meet in group_max.
@@ -796,9 +878,17 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
 template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& a, const nj::QuantArgs& q) {
   float amax_acc = 0.f;
   if constexpr (nj::quant_of<S>() != nj::Q_TENSOR && !nj::store_amax_of<S>()) {
-    norm_fwd_rows<S>(a, q, S::CLUSTER > 1 ? 0 : blockIdx.x, amax_acc);
+    // A static scale is read before the row, so that its load overlaps the
+    // row's: read where it is used, after the reduction, it was a round trip
+    // of its own at decode (1x4096 on an H200: 2.02 -> 1.71 us). Not where
+    // amax is written: there ptxas then took 79 registers where it took 64
+    // (v8.t512, N = 16384), one CTA an SM where two fit, 1.4x the time.
+    float static_scale = 1.f;
+    if constexpr (nj::quant_of<S>() == nj::Q_TENSOR_STATIC) static_scale = *static_cast<const float*>(q.scale);
+    norm_fwd_rows<S>(a, q, S::CLUSTER > 1 ? 0 : blockIdx.x, amax_acc, static_scale);
   } else if constexpr (nj::quant_of<S>() != nj::Q_TENSOR) {
-    for (long long g = blockIdx.x; g * S::ROWS < a.M; g += gridDim.x) norm_fwd_rows<S>(a, q, g, amax_acc);
+    for (long long g = blockIdx.x; g * S::ROWS < a.M; g += gridDim.x)
+      norm_fwd_rows<S>(a, q, g, amax_acc);
     S::Q::block_max_to(amax_acc, q.amax);
   } else {
     // Tensor scaling: phase 0 measures, 1 quantizes, 2 (a grid of one

@@ -151,11 +151,13 @@ struct QuantOps {
 
   // 1 / the scale a whole row (Token) or tensor (Tensor, TensorStatic)
   // shares, from the row's amax for Token; lane 0 of a row writes it.
+  // TensorStatic: the scale as the caller read it from q.scale.
   template <class S>
-  static __device__ __forceinline__ float shared_inv_scale(const QuantArgs& q, float row_amax, bool lane0, long long row) {
+  static __device__ __forceinline__ float shared_inv_scale(const QuantArgs& q, float row_amax, bool lane0, long long row,
+                                                           float static_scale) {
     using y_t = typename S::y_t;
     if constexpr (S::QUANT == Q_TENSOR_STATIC) {
-      return 1.f / *static_cast<const float*>(q.scale);
+      return 1.f / static_scale;
     } else if constexpr (S::QUANT == Q_TENSOR) {
       // Phase 1: the amax phase 0 left; every program derives the same scale.
       const float sc = scale_of<y_t>(*q.amax, q);

@@ -125,6 +125,10 @@ std::vector<Variant> fp8_variants(std::int64_t M, std::int64_t N, DType t) {
       {"rms", ":quant=e4m3/token"},
       {"rms", ":quant=e4m3/token:ub=0.004"},
       {"ln", ":quant=e5m2/token:res"},
+      // No bias: LayerNorm's amax taken with its squared deviations; a
+      // weight offset in the amax taken with the sum of squares.
+      {"ln", ":quant=e4m3/token:nb"},
+      {"rms", ":quant=e5m2/tensor-static:amax:off=1"},
       {"rms", ":quant=e4m3/group128"},
       {"rms", ":quant=e4m3/group128:ue8m0:colmajor"},
       {"rms", ":quant=e5m2/group16:ue8m0"},

@@ -28,15 +28,17 @@ struct WeightStaging {
   int bytes = 0;  ///< bytes of weight and bias a thread holds at once
 };
 inline constexpr int kUnstagedWeightBytes = 32;
-/// Unstaged rows quantized with one scale a row or tensor (token, tensor:
-/// row_amax_quant) read their weight and bias twice, for the amax and for the
-/// stores: they hold them from the row's load up to this many bytes a thread,
-/// and their preludes carry the choice (WB_WITH_ROW).
+/// Unstaged rows quantized with one scale a row or tensor (token, tensor, a
+/// static scale that writes amax: row_amax_quant) read their weight and bias
+/// twice, for the amax and for the stores: they hold them from the row's
+/// load up to this many bytes a thread, and their preludes carry the choice
+/// (WB_WITH_ROW).
 inline constexpr int kRowAmaxWeightBytes = 128;
-/// Whether `v`'s forward quantizes with one scale a row or a tensor, whose
-/// amax it needs before its first store (a second pass over the row).
+/// Whether `v`'s forward measures each row's amax before its first store
+/// (a token or tensor scale, or a static scale that writes amax).
 inline bool row_amax_quant(const Variant& v) {
-  return v.quant == QuantScaling::Token || v.quant == QuantScaling::Tensor;
+  return v.quant == QuantScaling::Token || v.quant == QuantScaling::Tensor ||
+         (v.quant == QuantScaling::TensorStatic && v.store_amax);
 }
 inline constexpr int kWeightStagingBytes = 128;
 WeightStaging weight_staging(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
