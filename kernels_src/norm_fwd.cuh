@@ -17,7 +17,8 @@
 // VEC, TPR, ROWS, CLUSTER, QUANT, QGROUP, XGROUP; constexpr bool LAYERNORM,
 // TWO_PASS, STORE_RSTD, STORE_MEAN, HAS_W, HAS_B, RESIDUAL, STORE_RES,
 // ROUND_RES, LLAMA, HEADS, UE8M0, COLMAJOR, STORE_YHP, STORE_YT, PEEL,
-// WB_WITH_ROW; constexpr int STAGES, WB_BATCH; constexpr float W_OFFSET. h_t is the type a cached row is kept in (x_t, r_t when the
+// WB_WITH_ROW, STORE_AMAX, KEEP_U; constexpr int STAGES, WB_BATCH; constexpr
+// float W_OFFSET. h_t is the type a cached row is kept in (x_t, r_t when the
 // sum is rounded, else float; float for an FP8 x). Only FP8 variants define
 // XGROUP (FP8 x) and QUANT, QGROUP, UE8M0, COLMAJOR, STORE_YHP, STORE_YT,
 // yhp_t and `using Q = nj::QuantOps` (quantized y); only rows whose stride
@@ -44,6 +45,11 @@ template <class S> constexpr bool peel_of() { return peel_or0<S>(0) != 0; }
 template <class S> constexpr auto store_amax_or(int) -> decltype(S::STORE_AMAX + 0) { return S::STORE_AMAX; }
 template <class S> constexpr bool store_amax_or(long) { return false; }
 template <class S> constexpr bool store_amax_of() { return store_amax_or<S>(0) != 0; }
+// KEEP_U: quantized RMSNorm rows that keep u = h * w' (engine: keeps_u in
+// config/row_budget.hpp; only their preludes define it), as peel_or0.
+template <class S> constexpr auto keep_u_or(int) -> decltype(S::KEEP_U + 0) { return S::KEEP_U; }
+template <class S> constexpr bool keep_u_or(long) { return false; }
+template <class S> constexpr bool keep_u_of() { return keep_u_or<S>(0) != 0; }
 
 // Staged kernels' weight staging (WB_WITH_ROW, WB_BATCH: only their preludes
 // define them, so the unstaged kernels' sources stay what they were).
@@ -289,6 +295,15 @@ template <class S> struct FwdRow {
     y[p] = from_float<typename S::y_t>(y_at(hv, 0, shift, m, rstd, wv, bv));
   }
 
+  // w' = w + W_OFFSET of element k of a chunk of the weight. Quantized rows
+  // skip a zero offset: w + 0.f is an instruction an element (it turns -0
+  // into +0); the other kernels keep the machine code their tuned entries
+  // were measured with.
+  __device__ __forceinline__ float w_prime(const Vec<typename S::w_t, S::VEC>& wv, int k) const {
+    if constexpr (quant_of<S>() != Q_NONE && S::W_OFFSET == 0.f) return to_float(wv.v[k]);
+    else return to_float(wv.v[k]) + S::W_OFFSET;
+  }
+
   // y of element k of a chunk of h, in fp32, given that chunk's weight and
   // bias; the mean is shift + m (see norm_fwd), kept apart so that h - mean
   // loses nothing when the mean is large.
@@ -297,7 +312,7 @@ template <class S> struct FwdRow {
                                         const Vec<typename S::w_t, S::VEC>& bv) const {
     float v = ((to_float(h.v[k]) - shift) - m) * rstd;
     if constexpr (S::LLAMA) v = round_to<typename S::x_t>(v);  // normalised row in the input dtype
-    if constexpr (S::HAS_W) v *= to_float(wv.v[k]) + S::W_OFFSET;
+    if constexpr (S::HAS_W) v *= w_prime(wv, k);
     if constexpr (S::HAS_B) v += to_float(bv.v[k]);
     return v;
   }
@@ -320,10 +335,20 @@ template <class S> struct FwdRow {
 #pragma unroll
     for (int k = 0; k < S::VEC; ++k) {
       float v = (to_float(h.v[k]) - shift) - m;
-      if constexpr (S::HAS_W) v *= to_float(wv.v[k]) + S::W_OFFSET;
+      if constexpr (S::HAS_W) v *= w_prime(wv, k);
       if (exact || col + k < S::N) r = fmaxf(r, fabsf(v));
     }
     return r;
+  }
+
+  // u = h * w' of one chunk in fp32 (KEEP_U rows).
+  __device__ __forceinline__ void u_values(const Vec<typename S::h_t, S::VEC>& h, const Vec<typename S::w_t, S::VEC>& wv,
+                                           float (&u)[S::VEC]) const {
+#pragma unroll
+    for (int k = 0; k < S::VEC; ++k) {
+      u[k] = to_float(h.v[k]);
+      if constexpr (S::HAS_W) u[k] *= w_prime(wv, k);
+    }
   }
 
   // y of one chunk in fp32 (quantized variants: the scales need it first).
@@ -440,10 +465,23 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
   // u overflows only where |h * w'| passes fp32's range. (Scaling u by
   // rstd / scale in one multiply as well overflowed to inf on zero rows,
   // whose scale is the minimum, and gave NaN codes: not done.)
-  // Tensor scaling keeps its own measuring launch (phase 0): folded, its
+  // Tensor scaling folds only where it keeps u (below): otherwise its
   // quantizing launch paid for a max it does not use (4096x16384 on an H100:
   // 1.3x the time).
-  constexpr bool FOLD = ROW_AMAX && QUANT != nj::Q_TENSOR && !S::LLAMA && !S::HAS_B && !(S::TWO_PASS && S::LAYERNORM);
+  //
+  // KEEP_U (the engine's keeps_u: quantized RMSNorm rows, unstaged, in
+  // registers, without the Llama cast or a bias): u = h * w' in fp32 is
+  // kept from the pass that sums to the stores, y = u * rstd, so the stores
+  // convert neither the row nor the weight again, and the maxima of y (a
+  // row's, a group's) are rstd times those of u, exactly: rounding is
+  // monotonic. (Measured with ncu on an H200: a group128 row of 8192x4096
+  // executed 21 instructions an element, token 16, the copy-speed bf16
+  // forward 11; the quantized kernels issue-bound, at 65-81% of the copy.)
+  constexpr bool KEEP_U = nj::keep_u_of<S>();
+  static_assert(!KEEP_U || (QUANT != nj::Q_NONE && !S::LAYERNORM && !S::LLAMA && !S::HAS_B && !STAGED && C == 1),
+                "u is kept by unstaged quantized RMSNorm rows without the Llama cast or a bias");
+  constexpr bool FOLD = ROW_AMAX && (QUANT != nj::Q_TENSOR || KEEP_U) && !S::LLAMA && !S::HAS_B &&
+                        !(S::TWO_PASS && S::LAYERNORM);
   float ua = 0.f;  // FOLD: this thread's max|u| (a token row's, once reduced)
 
   const int lane = threadIdx.x % S::TPR;
@@ -487,7 +525,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     // (STAGES 1): with the row where the prelude says (WB_WITH_ROW), else
     // WB_BATCH chunks' worth at once after the reduction, all loaded before
     // their stores (see load_h).
-    constexpr bool PREFETCH_WB = STAGED || ROW_AMAX ? nj::wb_with_row_or<S>(0) != 0
+    constexpr bool PREFETCH_WB = STAGED || ROW_AMAX || KEEP_U ? nj::wb_with_row_or<S>(0) != 0
                                                     : L::ITERS * S::VEC * sizeof(w_t) * (S::HAS_B ? 2 : 1) <= 32;
     constexpr int WB_BATCH = PREFETCH_WB ? L::ITERS : nj::wb_batch_or<S>(0);
     nj::Vec<w_t, S::VEC> wv[PREFETCH_WB ? L::ITERS : 1], bv[PREFETCH_WB ? L::ITERS : 1];
@@ -499,8 +537,11 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     constexpr int XE = PEEL ? (2 * S::VEC + S::TPR - 1) / S::TPR : 1;
     h_t he[XE];
     int hp[XE];
+    // KEEP_U: u of every chunk; grouped rows: each chunk's max|u| too.
+    float u[KEEP_U ? L::ITERS : 1][S::VEC];
+    float um[KEEP_U && GROUPED ? L::ITERS : 1];
     float s[K] = {0.f};
-    if constexpr ((STAGED || ROW_AMAX) && PREFETCH_WB) {
+    if constexpr ((STAGED || ROW_AMAX || KEEP_U) && PREFETCH_WB) {
       // Staged (and rows quantized with a row's amax): the weight and bias
       // first, in a loop of their own: loaded in the row's loop, ptxas
       // widened each chunk as it arrived and issued the next load only then
@@ -536,7 +577,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         // chunk and issued its loads one round trip after another.
         if ((ROW_AMAX || valid) && tc.in(i) && nj::whole_chunk<PEEL>(R, col)) {
           hv[i] = R.load_h(col, PEEL || EXACT, !measure && valid);
-          if constexpr (PREFETCH_WB && !ROW_AMAX) nj::load_wb<S>(a, col, PEEL || EXACT, wv[i], bv[i], R.lo);
+          if constexpr (PREFETCH_WB && !ROW_AMAX && !KEEP_U) nj::load_wb<S>(a, col, PEEL || EXACT, wv[i], bv[i], R.lo);
         } else {
 #pragma unroll
           for (int k = 0; k < S::VEC; ++k) hv[i].v[k] = nj::from_float<h_t>(0.f);
@@ -551,7 +592,25 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
           s[0] += f * f;
         }
       }
-      if constexpr (FOLD && !S::LAYERNORM) {
+      if constexpr (KEEP_U) {
+        // Columns past N hold h = w = 0: their u is 0.
+        if ((ROW_AMAX || valid) && tc.in(i)) {
+          nj::Vec<w_t, S::VEC> w, b;
+          if constexpr (PREFETCH_WB) w = wv[i];
+          else nj::load_wb<S>(a, col, EXACT, w, b, R.lo);
+          R.u_values(hv[i], w, u[i]);
+        } else {
+#pragma unroll
+          for (int k = 0; k < S::VEC; ++k) u[i][k] = 0.f;
+        }
+        float cm = 0.f;
+#pragma unroll
+        for (int k = 0; k < S::VEC; ++k) cm = fmaxf(cm, fabsf(u[i][k]));
+        if constexpr (GROUPED) um[i] = cm;
+        if constexpr (FOLD) {
+          if (QUANT != nj::Q_TENSOR || measure) ua = fmaxf(ua, cm);
+        }
+      } else if constexpr (FOLD && !S::LAYERNORM) {
         if (valid && tc.in(i)) {
           nj::Vec<w_t, S::VEC> w, b;
           if constexpr (PREFETCH_WB) w = wv[i];
@@ -707,7 +766,20 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
       }
     };
     // A group's lanes share `valid` and `in` (groups divide N): they meet in group_max together.
-    if constexpr (!STAGED) {
+    if constexpr (KEEP_U) {
+      // Every chunk's group scale at once (the whole warp meets in the shuffles).
+      float ginv[GROUPED ? L::ITERS : 1];
+      if constexpr (GROUPED) S::Q::template group_inv_scales<S>(q, um, rstd, row, valid, tc, ginv);
+#pragma unroll
+      for (int i = 0; i < L::ITERS; ++i) {
+        if (valid && tc.in(i)) {
+          float v[S::VEC];
+#pragma unroll
+          for (int k = 0; k < S::VEC; ++k) v[k] = u[i][k] * rstd;
+          S::Q::template store<S>(R, tc.col(i), EXACT, v, GROUPED ? ginv[i] : inv);
+        }
+      }
+    } else if constexpr (!STAGED) {
 #pragma unroll
       for (int i = 0; i < L::ITERS; ++i) {
         const int col = tc.col(i);
@@ -891,14 +963,10 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
       norm_fwd_rows<S>(a, q, g, amax_acc);
     S::Q::block_max_to(amax_acc, q.amax);
   } else {
-    // Tensor scaling: phase 0 measures, 1 quantizes, 2 (a grid of one
-    // program, decode) does both in one launch, a block barrier between.
-    // Quantizing walks the row groups last-measured first: those rows are
-    // the ones still in L2. One loop and one copy of the row code for all
-    // three (a loop a phase took 73-82 registers where one takes 64, and ran
-    // a CTA an SM fewer).
     // Tensor scaling: phase 0 measures, 1 quantizes, walking the row groups
-    // last-measured first: those rows are the ones still in L2.
+    // last-measured first: those rows are the ones still in L2. One loop for
+    // both (a loop a phase took 73-82 registers where one takes 64, and ran
+    // a CTA an SM fewer); decode runs both in normjit_norm_fwd_once.
     const long long groups = (a.M + S::ROWS - 1) / S::ROWS;
     for (long long k = blockIdx.x; k < groups; k += gridDim.x)
       norm_fwd_rows<S>(a, q, q.phase == 1 ? groups - 1 - k : k, amax_acc);

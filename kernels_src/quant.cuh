@@ -12,6 +12,8 @@
 namespace nj {
 
 struct QuantOps {
+  static constexpr int pow2_at_least(int n) { return n <= 1 ? 1 : 2 * pow2_at_least((n + 1) / 2); }
+
   // The largest of v over the TPR threads of a row (all threads of the block
   // call it: it may hold a barrier). fmaxf drops NaN: amax ignores NaN inputs.
   template <int TPR, int ROWS> static __device__ __forceinline__ float row_max(float v) {
@@ -170,6 +172,80 @@ struct QuantOps {
       return 1.f / sc;
     } else {
       return 1.f;
+    }
+  }
+
+  // Group and MX scales of all R chunks of a thread at once (KEEP_U rows:
+  // chunk i is at column tc.col(i) of row `row`, its y = u * rstd, and m[i]
+  // is its max|u|); 1 / scale of chunk i into inv[i]. Every lane of the warp
+  // calls this together. The LANES = QGROUP / VEC aligned lanes of a group
+  // reduce-scatter their R maxima (each exchange halves what a lane holds,
+  // until it holds max(1, R / LANES) of the group maxima), derive only
+  // those scales, one lane writes each, and each chunk's 1 / scale comes
+  // back in one shuffle: R/2 + R/4 + ... exchanges and a division or two a
+  // lane, where a group at a time took LANES' log2 exchanges and two
+  // divisions a chunk. (Partial-mask shuffles in branches also made ptxas
+  // wrap each in warp-synchronising code.) R is padded to a power of two, P.
+  template <class S, int R, class TC>
+  static __device__ __forceinline__ void group_inv_scales(const QuantArgs& q, const float (&m)[R], float rstd,
+                                                          long long row, bool valid, const TC& tc, float (&inv)[R]) {
+    using y_t = typename S::y_t;
+    constexpr int LANES = S::QGROUP / S::VEC;
+    constexpr int P = pow2_at_least(R);
+    constexpr int HELD = P >= LANES ? P / LANES : 1;  // maxima a lane holds after the exchanges
+    static_assert((LANES & (LANES - 1)) == 0 && LANES <= 32, "a group is a power of two of lanes");
+    const int gl = (threadIdx.x % 32) % LANES;  // lane in the group
+    float v[P];
+#pragma unroll
+    for (int i = 0; i < P; ++i) v[i] = i < R ? m[i] : 0.f;
+    int c = P;  // maxima still held: v[0, c)
+#pragma unroll
+    for (int o = LANES / 2; o > 0; o >>= 1) {
+      const bool up = gl & o;  // keeps the upper half, sends the lower
+      if (c > 1) {
+#pragma unroll
+        for (int j = 0; j < P / 2; ++j) {
+          if (j < c / 2) {
+            const float send = up ? v[j] : v[j + c / 2];
+            const float keep = up ? v[j + c / 2] : v[j];
+            v[j] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, o));
+          }
+        }
+        c /= 2;
+      } else {
+        v[0] = fmaxf(v[0], __shfl_xor_sync(0xffffffffu, v[0], o));
+      }
+    }
+    // v[h] is the max|u| of the group of chunk gl * P / LANES + h.
+    const int base = gl * P / LANES;
+    float held[HELD];
+#pragma unroll
+    for (int h = 0; h < HELD; ++h) {
+      const int i = base + h;
+      const float am = v[h] * rstd;  // = max|y| of the group
+      // One writer a group: the first of the lanes that hold its maximum.
+      const bool writes = valid && i < R && tc.in(i) && (P >= LANES || gl % (LANES / P) == 0);
+      const long long g = (tc.lane + (long long)i * S::TPR) / LANES;  // the group's index in the row
+      if constexpr (S::QUANT == Q_MX) {
+        const int e = mx_exponent<y_t>(am);
+        if (writes) static_cast<unsigned char*>(q.scale)[row * (S::N / S::QGROUP) + g] = static_cast<unsigned char>(e + 127);
+        held[h] = exp2i(-e);
+      } else {
+        float sc = scale_of<y_t>(am, q);
+        if (q.scale_ub > 0.f) sc = fminf(sc, q.scale_ub);
+        if constexpr (S::UE8M0) sc = pow2_ceil(sc);
+        if (writes) static_cast<float*>(q.scale)[S::COLMAJOR ? g * q.scale_ld + row : row * (S::N / S::QGROUP) + g] = sc;
+        held[h] = 1.f / sc;
+      }
+    }
+    if constexpr (LANES == 1) {
+#pragma unroll
+      for (int i = 0; i < R; ++i) inv[i] = held[i];
+    } else {
+      const int first = (threadIdx.x % 32) - gl;  // the group's first lane in the warp
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+        inv[i] = __shfl_sync(0xffffffffu, held[i % HELD], first + (P >= LANES ? i / HELD : i * (LANES / P)));
     }
   }
 

@@ -19,6 +19,7 @@
 
 #include "tuning/autotune.hpp"
 #include "config/config_grid.hpp"
+#include "config/row_budget.hpp"
 #include "compile/cubin.hpp"
 #include "compile/jit.hpp"
 #include "compile/nvrtc.hpp"
@@ -256,6 +257,57 @@ TEST_CASE("nvrtc: every FP8 variant compiles for sm_80 (software conversions), s
   }
 }
 
+TEST_CASE("nvrtc: FP8 rows keep u only where an SM holds two CTAs, bounded to them, and spill nothing") {
+  // Every config of two register-row grids: where keeps_u_rows, the prelude
+  // says KEEP_U and its launch bounds hold two or more CTAs an SM within
+  // the registers ptxas used, with no stack frame (the schedulers' quarter
+  // of the register file counted: 9 CTAs of 64 threads spilled a group128
+  // row of 4096).
+  std::vector<KernelSpec> kept;
+  int declined = 0;
+  for (const char* spec : {"rms:bf16:8192x4096:quant=e4m3/group128", "rms:bf16:8192x7168:quant=e4m3/token:res",
+                           "rms:bf16:8192x4096:quant=e5m2/mx32:yhp"}) {
+    const NormDesc d = parse_shape_spec(spec).desc;
+    for (const auto& cfg : candidate_grid(Op::Forward, d, 8)) {
+      const KernelSpec s = make_spec(Op::Forward, d, cfg);
+      const bool keep = keeps_u_rows(s.v, s.cfg, static_cast<int>(s.N), s.peel);
+      CAPTURE(s.name());
+      CHECK(contains(s.source(), "KEEP_U") == keep);
+      if (keep) {
+        CHECK(s.min_blocks >= 2);
+        kept.push_back(s);
+      } else if (!cfg.two_pass && !cfg.stages) {
+        ++declined;
+      }
+    }
+  }
+  CHECK(kept.size() >= 20);
+  CHECK(declined > 0);  // 1024-thread rows, at least
+  // A 512-thread token row of 16384 would hold one CTA an SM keeping u (74
+  // registers): it keeps x and w instead; 256 threads keep u, two CTAs.
+  const NormDesc t = parse_shape_spec("rms:bf16:4096x16384:quant=e4m3/token").desc;
+  CHECK_FALSE(keeps_u_rows(make_variant(Op::Forward, t), LaunchConfig::parse("v8.t512.r1"), 16384, false));
+  CHECK(keeps_u_rows(make_variant(Op::Forward, t), LaunchConfig::parse("v8.t256.r1"), 16384, false));
+  // Neither a static scale without amax, nor LayerNorm, keeps u.
+  for (const char* spec : {"rms:bf16:64x4096:quant=e4m3/tensor-static", "ln:bf16:64x4096:quant=e4m3/token:nb"}) {
+    const NormDesc d = parse_shape_spec(spec).desc;
+    CHECK_FALSE(keeps_u_rows(make_variant(Op::Forward, d), LaunchConfig::parse("v8.t128.r1"), 4096, false));
+  }
+  std::vector<std::string> failures(kept.size());
+  parallel_for(static_cast<int>(kept.size()), [&](int i) {
+    try {
+      const std::string cubin = compile_spec(kept[i], "sm_90", "").cubin;
+      failures[i] = min_blocks_problem(kept[i], cubin);
+    } catch (const Error& e) {
+      failures[i] = e.what();
+    }
+  });
+  for (std::size_t i = 0; i < kept.size(); ++i) {
+    CAPTURE(kept[i].name());
+    CHECK_MESSAGE(failures[i].empty(), failures[i]);
+  }
+}
+
 TEST_CASE("nvrtc: the generated source holds the spec's constants and includes its template") {
   const KernelSpec fwd = bf16_4096_fwd();
   CHECK(fwd.name() == "rms_fwd.x=bf16.y=bf16.w=bf16.rstd.N4096.v8.t512.r1.i32");
@@ -340,11 +392,15 @@ TEST_CASE("nvrtc: a forward kernel is compiled to hold its min blocks an SM, and
   const KernelSpec wide = make_spec(Op::Forward, make_desc(64, 8192), LaunchConfig::parse("v8.t128.r1"));
   CHECK(forward_register_need(wide.v, wide.cfg, wide.N, wide.peel) == 96);
   CHECK(wide.min_blocks == 5);
-  // Quantized kernels keep ptxas's own choice; the backward has no bound.
+  // Quantized kernels that keep no u keep ptxas's own choice (a static
+  // scale); those that do are bounded (token: 8 elements a thread, 24 + 8 +
+  // 16 registers, two CTAs); the backward has no bound.
   NormDesc q = make_desc(64, 4096);
-  q.quant = QuantScaling::Token;
+  q.quant = QuantScaling::TensorStatic;
   q.y_dtype = DType::E4M3;
   CHECK(make_spec(Op::Forward, q, LaunchConfig::parse("v8.t512.r1")).min_blocks == 1);
+  q.quant = QuantScaling::Token;
+  CHECK(make_spec(Op::Forward, q, LaunchConfig::parse("v8.t512.r1")).min_blocks == 2);
   CHECK(make_spec(Op::Backward, make_desc(64, 4096), LaunchConfig::parse("v8.t512.r1")).min_blocks == 1);
 
   for (const KernelSpec& s : {rms, lf, wide}) {

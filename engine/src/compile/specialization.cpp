@@ -100,14 +100,17 @@ std::string KernelSpec::source() const {
   // otherwise), so the other variants' sources are what they were before FP8.
   if (v.xgroup) s += fmt::format("  static constexpr int XGROUP = {};\n", v.xgroup);
   if (peel) s += "  static constexpr bool PEEL = true;\n";
-  // Only staged kernels (stages 1) and rows quantized with a row's or
-  // tensor's amax carry their staging: the other unstaged ones' sources stay
-  // what they were (their rule is the template's).
-  if (kind == KernelKind::Forward && (cfg.stages || (quant && row_amax_quant(v) && !cfg.two_pass))) {
+  // Only staged kernels (stages 1), rows quantized with a row's or tensor's
+  // amax, and rows that keep u (row_budget.hpp) carry their staging: the
+  // other unstaged ones' sources stay what they were (their rule is the
+  // template's).
+  const bool keep_u = kind == KernelKind::Forward && keeps_u_rows(v, cfg, N, peel);
+  if (kind == KernelKind::Forward && (cfg.stages || (quant && (row_amax_quant(v) || keep_u) && !cfg.two_pass))) {
     const WeightStaging w = weight_staging(v, cfg, N, peel);
     s += fmt::format("  static constexpr bool WB_WITH_ROW = {};\n  static constexpr int WB_BATCH = {};\n", w.with_row,
                      w.batch);
   }
+  if (keep_u) s += "  static constexpr bool KEEP_U = true;\n";
   if (cfg.dw_cluster) s += "  static constexpr bool DW_CLUSTER = true;\n";
   if (quant) {
     s += fmt::format("  using yhp_t = {};\n  static constexpr int QUANT = {}, QGROUP = {};\n", device_type(v.yhp),

@@ -13,13 +13,56 @@ int forward_iters(const LaunchConfig& c, int N, bool peel) {
   return static_cast<int>((chunks + c.threads_per_row - 1) / c.threads_per_row);
 }
 
-// forward_register_need without the staged weight and bias.
-int row_register_need(const Variant& v, const LaunchConfig& c, int N, bool peel) {
+// forward_register_need without the staged weight and bias, nor u kept.
+int row_register_base(const Variant& v, const LaunchConfig& c, int N, bool peel) {
   const bool ln = v.norm == NormKind::LayerNorm;
   const int fp32_sum = v.residual && dtype_size(v.h) == 4 ? 8 : 0;  // a residual summed in fp32
   if (c.two_pass) return 32 + (ln ? 8 : 0) + fp32_sum;
   const int elems = forward_iters(c, N, peel) * c.vec;
   return 24 + elems + (elems >= 16 ? 8 : 0) + (ln ? 4 : 0) + (c.row_split() > 1 ? 8 : 0) + (peel ? 16 : 0) + fp32_sum;
+}
+
+// Rows that keep u: their scales' maxima and the weight loaded with the row
+// (ptxas took up to 74 registers for 32 elements, 99 for 64).
+constexpr int kKeepURegisters = 16;
+
+// The CTAs of `threads` an SM holds when each thread needs `need`
+// registers. `smsp`: each of an SM's 4 schedulers has a quarter of the
+// register file for the warps it holds, and ptxas caps a thread at what the
+// fullest one allows (9 CTAs of 64 threads: 5 warps on one, 96 registers,
+// not 113: a group128 row of 64 elements spilled). Counted for the rows
+// that keep u; the other kernels' bounds predate it, and their tuned
+// entries were measured with them.
+int ctas_for(int threads, int need, bool smsp) {
+  const DeviceFacts sm90;  // its per-SM limits: those of sm_80 and sm_90
+  const int alloc = (need + 7) / 8 * 8;  // allocated per warp in 8s a thread
+  int b = std::max(1, std::min({sm90.regs_per_sm / (threads * alloc), sm90.max_threads_per_sm / threads,
+                                sm90.max_blocks_per_sm}));
+  const int warps = (threads + 31) / 32;
+  while (smsp && b > 1 && (b * warps + 3) / 4 * 32 * alloc > sm90.regs_per_sm / 4) --b;
+  return b;
+}
+}  // namespace
+
+bool keeps_u_rows(const Variant& v, const LaunchConfig& c, int N, bool peel) {
+  if (!keeps_u(v) || c.stages || c.two_pass) return false;
+  // Only where an SM still holds two CTAs: one CTA an SM cannot overlap a
+  // row's stores with another row's loads (a 512-thread token row of 16384
+  // keeping u took 74 registers, one CTA an SM, where 64 fit two: 0.72x the
+  // speed on an H200), and 1024-thread rows spilled at their 64 registers.
+  return ctas_for(c.threads(), row_register_base(v, c, N, peel) + kKeepURegisters, true) >= 2;
+}
+
+namespace {
+// forward_register_need without the staged weight and bias. keeps_u's
+// variants count kKeepURegisters whether a config keeps u or not: without
+// u they hold the row and its weight, and ptxas, unbounded, took as many
+// or more (128 registers for a 64-thread token row of 4096; counted as
+// the row's alone, the config model chose a 512-thread row of 7168 that ran
+// 2.1x as long as the 128-thread row that keeps u).
+int row_register_need(const Variant& v, const LaunchConfig& c, int N, bool peel) {
+  const bool weights_early = keeps_u(v) && !c.stages && !c.two_pass;
+  return row_register_base(v, c, N, peel) + (weights_early ? kKeepURegisters : 0);
 }
 
 // Registers that `bytes` of staged weight and bias add (LaunchConfig::stages
@@ -51,9 +94,11 @@ WeightStaging weight_staging(const Variant& v, const LaunchConfig& c, int N, boo
     // Unstaged: with the row when it costs at most 32 bytes, else a chunk at
     // a time after the reduction; no registers beyond the row's. (norm_fwd.cuh
     // applies the same rule itself: these kernels' preludes carry nothing.)
-    // Rows quantized with a row's or tensor's amax read them twice: up to
-    // kRowAmaxWeightBytes with the row (their preludes carry it).
-    s.with_row = iters * per_chunk <= (row_amax_quant(v) ? kRowAmaxWeightBytes : kUnstagedWeightBytes);
+    // Rows quantized with a row's or tensor's amax, and rows that keep u,
+    // need them before the reduction: up to kRowAmaxWeightBytes with the row
+    // (their preludes carry it).
+    const bool early = row_amax_quant(v) || keeps_u_rows(v, c, N, peel);
+    s.with_row = iters * per_chunk <= (early ? kRowAmaxWeightBytes : kUnstagedWeightBytes);
     s.batch = s.with_row ? iters : 1;
   } else {
     // Staged: the largest batch within kWeightStagingBytes whose registers
@@ -77,12 +122,9 @@ int forward_register_need(const Variant& v, const LaunchConfig& c, int N, bool p
 int forward_min_blocks(const Variant& v, const LaunchConfig& c, int N, bool peel) {
   // Two-pass rows hold no row: ptxas's own choice is small (32 registers),
   // and a bound made it worse (64 and a stack frame for LayerNorm fp32).
-  if (v.quant != QuantScaling::None || v.xgroup || c.two_pass) return 1;
-  const DeviceFacts sm90;  // its per-SM limits: those of sm_80 and sm_90
-  const int threads = c.threads();
-  const int alloc = (forward_register_need(v, c, N, peel) + 7) / 8 * 8;  // allocated per warp in 8s a thread
-  const int b = sm90.regs_per_sm / (threads * alloc);
-  return std::max(1, std::min({b, sm90.max_threads_per_sm / threads, sm90.max_blocks_per_sm}));
+  const bool keep_u = keeps_u_rows(v, c, N, peel);
+  if ((v.quant != QuantScaling::None && !keep_u) || v.xgroup || c.two_pass) return 1;
+  return ctas_for(c.threads(), forward_register_need(v, c, N, peel), keep_u);
 }
 
 std::int64_t backward_stage_bytes(const Variant& v, std::int64_t N, const LaunchConfig& c, bool dw_smem) {

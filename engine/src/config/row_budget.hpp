@@ -29,10 +29,10 @@ struct WeightStaging {
 };
 inline constexpr int kUnstagedWeightBytes = 32;
 /// Unstaged rows quantized with one scale a row or tensor (token, tensor, a
-/// static scale that writes amax: row_amax_quant) read their weight and bias
-/// twice, for the amax and for the stores: they hold them from the row's
-/// load up to this many bytes a thread, and their preludes carry the choice
-/// (WB_WITH_ROW).
+/// static scale that writes amax: row_amax_quant) and rows that keep u
+/// (keeps_u_rows) need their weight and bias before the reduction: they
+/// hold them from the row's load up to this many bytes a thread, and their
+/// preludes carry the choice (WB_WITH_ROW).
 inline constexpr int kRowAmaxWeightBytes = 128;
 /// Whether `v`'s forward measures each row's amax before its first store
 /// (a token or tensor scale, or a static scale that writes amax).
@@ -40,6 +40,27 @@ inline bool row_amax_quant(const Variant& v) {
   return v.quant == QuantScaling::Token || v.quant == QuantScaling::Tensor ||
          (v.quant == QuantScaling::TensorStatic && v.store_amax);
 }
+/// Whether `v`'s forward may keep u = h * w' of its row (fp32, in
+/// registers) from the row's load to its stores: RMSNorm rows with a
+/// quantized y and neither the Llama cast nor a bias, whose y = u * rstd.
+/// They read their weight once, in the pass that sums, and take the maxima
+/// of y (a row's, a group's) from u's: rounding is monotonic, so
+/// max|fl(u * rstd)| = fl(max|u| * rstd) exactly. Measured on an H200 and
+/// left out: a static scale that writes no amax (it takes no maximum, and
+/// holds its row in the 16-bit dtype, half the registers: keeping u,
+/// 16384x7168 ran at 83% of the copy, not 101%), tensor (current) scaling
+/// (5-10% slower) and a residual added before group or MX scales (73-82%
+/// of the copy, not 80-92%).
+inline bool keeps_u(const Variant& v) {
+  const bool grouped = v.quant == QuantScaling::Group || v.quant == QuantScaling::MX;
+  return v.quant != QuantScaling::None && !(v.quant == QuantScaling::TensorStatic && !v.store_amax) &&
+         v.quant != QuantScaling::Tensor && !(v.residual && grouped) && v.norm == NormKind::RMSNorm && !v.llama &&
+         !v.has_b;
+}
+/// Whether the forward of `v` under `cfg` keeps u (the prelude's KEEP_U):
+/// keeps_u's rows, unstaged and in registers, where an SM still holds two
+/// CTAs of them (see forward_register_need).
+bool keeps_u_rows(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
 inline constexpr int kWeightStagingBytes = 128;
 WeightStaging weight_staging(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
 
@@ -51,15 +72,19 @@ WeightStaging weight_staging(const Variant& v, const LaunchConfig& cfg, int N, b
 /// counts that many programs an SM. The need: 24, one register per element
 /// a thread caches (16-bit rows are widened to fp32), 8 more from 16
 /// elements on, and shares for LayerNorm's second sum (4), a cluster's
-/// exchange (8), peeled edges (16), a residual summed in fp32 (8) and, when
+/// exchange (8), peeled edges (16), a residual summed in fp32 (8), u kept
+/// (16: keeps_u_rows) and, when
 /// staged (cfg.stages 1), the weight and bias weight_staging holds;
 /// two-pass rows 32 (LayerNorm 40) and the fp32 sum's share.
 /// Fitted to the lowest register caps at which ptxas (CUDA 13.0, sm_90)
 /// spilled nothing over the forward grids of 22 shapes (every dtype, both
 /// norms, residual, odd N, clusters); tests/test_nvrtc_compile.cpp checks
-/// that the grids it compiles spill nothing. Quantized, FP8-input and
-/// two-pass kernels: 1 (ptxas chooses). The register file (65536) and the 2048
-/// threads and 32 CTAs an SM are those of sm_80 and sm_90.
+/// that the grids it compiles spill nothing. Rows that keep u take the same
+/// rule, with the register file split among an SM's 4 schedulers (left to
+/// itself ptxas took 74 registers for a 512-thread token row of 16384).
+/// Other quantized, FP8-input and two-pass kernels: 1 (ptxas chooses). The
+/// register file (65536) and the 2048 threads and 32 CTAs an SM are those
+/// of sm_80 and sm_90.
 int forward_register_need(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
 /// Registers a thread of a `threads`-thread block may hold: 65536 a CTA, 255 a thread.
 int thread_register_cap(int threads);
