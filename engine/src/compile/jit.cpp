@@ -149,37 +149,36 @@ LoadedKernel::~LoadedKernel() {
   if (mod_) cu().cuModuleUnload(mod_);  // errors at teardown are ignored
 }
 
-void LoadedKernel::launch(unsigned grid, unsigned block, CUstream stream, void** args, unsigned grid_y) const {
-  if (grid == 0 || grid_y == 0) return;
-  CUresult r;
-  if (spec_.cfg.cluster > 1) {
-    CUlaunchAttribute at{};
-    CUlaunchConfig lc{};
-    cluster_config(lc, at, grid, block, stream);
-    lc.gridDimY = grid_y;
-    r = cu().cuLaunchKernelEx(&lc, fn_, args, nullptr);
-  } else {
-    r = cu().cuLaunchKernel(fn_, grid, grid_y, 1, block, 1, 1, spec_.dynamic_smem(), stream, args, nullptr);
-  }
+void LoadedKernel::launch_plain(CUfunction f, const char* what, unsigned grid, unsigned grid_y, unsigned block,
+                                unsigned smem, CUstream stream, void** args) const {
+  const CUresult r = cu().cuLaunchKernel(f, grid, grid_y, 1, block, 1, 1, smem, stream, args, nullptr);
   if (r != CUDA_SUCCESS)
     throw_driver_error(
-        r, fmt::format("cuLaunchKernel({}, grid {}x{}, block {})", spec_.name(), grid, grid_y, block).c_str(),
+        r, fmt::format("cuLaunchKernel({}{}, grid {}x{}, block {})", what, spec_.name(), grid, grid_y, block).c_str(),
+        __FILE__, __LINE__);
+}
+
+void LoadedKernel::launch(unsigned grid, unsigned block, CUstream stream, void** args, unsigned grid_y) const {
+  if (grid == 0 || grid_y == 0) return;
+  if (spec_.cfg.cluster <= 1) return launch_plain(fn_, "", grid, grid_y, block, spec_.dynamic_smem(), stream, args);
+  CUlaunchAttribute at{};
+  CUlaunchConfig lc{};
+  cluster_config(lc, at, grid, block, stream);
+  lc.gridDimY = grid_y;
+  const CUresult r = cu().cuLaunchKernelEx(&lc, fn_, args, nullptr);
+  if (r != CUDA_SUCCESS)
+    throw_driver_error(
+        r, fmt::format("cuLaunchKernelEx({}, grid {}x{}, block {})", spec_.name(), grid, grid_y, block).c_str(),
         __FILE__, __LINE__);
 }
 
 void LoadedKernel::launch_transpose(unsigned grid, unsigned grid_y, CUstream stream, void** args) const {
   if (grid == 0 || grid_y == 0) return;
-  const CUresult r = cu().cuLaunchKernel(transpose_, grid, grid_y, 1, 256, 1, 1, 0, stream, args, nullptr);
-  if (r != CUDA_SUCCESS)
-    throw_driver_error(r, fmt::format("cuLaunchKernel(normjit_q_transpose of {}, grid {}x{})", spec_.name(), grid, grid_y).c_str(),
-                       __FILE__, __LINE__);
+  launch_plain(transpose_, "normjit_q_transpose of ", grid, grid_y, 256, 0, stream, args);
 }
 
 void LoadedKernel::launch_once(unsigned block, CUstream stream, void** args) const {
-  const CUresult r = cu().cuLaunchKernel(once_, 1, 1, 1, block, 1, 1, spec_.dynamic_smem(), stream, args, nullptr);
-  if (r != CUDA_SUCCESS)
-    throw_driver_error(r, fmt::format("cuLaunchKernel(normjit_norm_fwd_once of {}, block {})", spec_.name(), block).c_str(),
-                       __FILE__, __LINE__);
+  launch_plain(once_, "normjit_norm_fwd_once of ", 1, 1, block, spec_.dynamic_smem(), stream, args);
 }
 
 std::shared_ptr<const LoadedKernel> KernelCache::get(const KernelSpec& spec, const std::string& arch,

@@ -66,6 +66,10 @@ class LoadedKernel {
   // A launch config of `grid` CTAs in clusters of the spec's size.
   void cluster_config(CUlaunchConfig& lc, CUlaunchAttribute& at, unsigned grid, unsigned block,
                       CUstream stream) const;
+  // cuLaunchKernel of one of the module's kernels; errors name `what` (the
+  // kernel, or "" for the spec's own) and the spec.
+  void launch_plain(CUfunction f, const char* what, unsigned grid, unsigned grid_y, unsigned block, unsigned smem,
+                    CUstream stream, void** args) const;
   KernelSpec spec_;
   CUmodule mod_ = nullptr;
   CUfunction fn_ = nullptr;
