@@ -428,9 +428,11 @@ __device__ __forceinline__ void load_wb(const NormArgs& a, int col, bool exact, 
 
 // One program's ROWS rows (`group` of them), or with CLUSTER > 1 the
 // cluster's row. Tensor quantization, phase 0: only the rows' amax, into
-// amax_acc (nothing is stored). static_scale: a static scale's value as
+// amax_acc (nothing is stored); ONCE (a grid of one program that holds
+// every row, normjit_norm_fwd_once): the block's amax is the tensor's,
+// stored and used in the same pass. static_scale: a static scale's value as
 // norm_fwd read it (a static scale that writes amax reads it here).
-template <class S>
+template <class S, bool ONCE = false>
 __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::QuantArgs& q, long long group,
                                               float& amax_acc, float static_scale = 1.f) {
   using h_t = typename S::h_t;
@@ -497,7 +499,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     else row = (long long)blockIdx.x * S::ROWS + threadIdx.x / S::TPR;
   }
   // Tensor scaling's first launch only measures.
-  const bool measure = QUANT == nj::Q_TENSOR && q.phase == 0;
+  const bool measure = QUANT == nj::Q_TENSOR && !ONCE && q.phase == 0;
   const nj::ThreadCols<S::N + (PEEL ? S::VEC - 1 : 0), S::VEC, S::TPR, C> tc{c0, lane};
   // Cluster rows exchange one value per CTA (RMSNorm: the sum of squares;
   // LayerNorm: the slice's sum and M2). Set up before the loads, so the
@@ -720,7 +722,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
       // Token and tensor scales need the row's amax before its first store.
       if constexpr (FOLD) {
         row_amax = valid ? ua * rstd : 0.f;
-      } else if (QUANT == nj::Q_TOKEN || measure || STATIC_AMAX) {
+      } else if (QUANT == nj::Q_TOKEN || measure || STATIC_AMAX || ONCE) {
 #pragma unroll
         for (int i = 0; i < L::ITERS; ++i) {
           if (valid && tc.in(i)) {
@@ -747,9 +749,12 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         return;
       }
       if constexpr (QUANT == nj::Q_TOKEN && !FOLD) row_amax = S::Q::template row_max<S::TPR, S::ROWS>(row_amax);
+      if constexpr (ONCE) row_amax = S::Q::tensor_amax_once(row_amax, q);
     }
     float inv = 1.f;  // 1 / the scale a row or the tensor shares
     if constexpr (STATIC_AMAX) static_scale = *static_cast<const float*>(q.scale);
+    // Tensor scaling hands shared_inv_scale its amax in static_scale.
+    if constexpr (QUANT == nj::Q_TENSOR) static_scale = ONCE ? row_amax : *q.amax;
     if constexpr (QUANT != nj::Q_NONE)
       inv = S::Q::template shared_inv_scale<S>(q, row_amax, valid && lane == 0, row, static_scale);
     // y of chunk i of the thread, given its weight and bias (staged kernels).
@@ -897,7 +902,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
       // (from L2) for its amax.
       if constexpr (FOLD) {
         row_amax = valid ? ua * rstd : 0.f;
-      } else if (valid && (QUANT == nj::Q_TOKEN || measure || STATIC_AMAX)) {
+      } else if (valid && (QUANT == nj::Q_TOKEN || measure || STATIC_AMAX || ONCE)) {
 #pragma unroll 4
         for (int c = lane; c < L::CHUNKS; c += S::TPR) {
           float v[S::VEC];
@@ -913,9 +918,12 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         return;
       }
       if constexpr (QUANT == nj::Q_TOKEN && !FOLD) row_amax = S::Q::template row_max<S::TPR, S::ROWS>(row_amax);
+      if constexpr (ONCE) row_amax = S::Q::tensor_amax_once(row_amax, q);
     }
     float inv = 1.f;
     if constexpr (STATIC_AMAX) static_scale = *static_cast<const float*>(q.scale);
+    // Tensor scaling hands shared_inv_scale its amax in static_scale.
+    if constexpr (QUANT == nj::Q_TENSOR) static_scale = ONCE ? row_amax : *q.amax;
     if constexpr (QUANT != nj::Q_NONE)
       inv = S::Q::template shared_inv_scale<S>(q, row_amax, valid && lane == 0, row, static_scale);
     if (valid) {
@@ -974,14 +982,20 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
   }
 }
 
-// Tensor scaling in one launch of one program (decode): both phases, a
-// block barrier between; amax is stored, not accumulated. A kernel of its
-// own (normjit_norm_fwd_once): the two phases' loops in one function took
-// 73-82 registers where the two-launch kernel takes 64, and ran a CTA an
-// SM fewer.
+// Tensor scaling in one launch of one program (decode): where the program
+// holds every row (the engine launches it only then), one pass whose
+// block-wide amax is the tensor's (ONCE); else both phases, a block
+// barrier between. amax is stored, not accumulated. A kernel of its own
+// (normjit_norm_fwd_once): the two phases' loops in one function took
+// 73-82 registers where the two-launch kernel takes 64, and ran a CTA an SM
+// fewer.
 template <class S> __device__ __forceinline__ void norm_fwd_once(const nj::NormArgs& a, const nj::QuantArgs& q) {
   float amax_acc = 0.f;
   const long long groups = (a.M + S::ROWS - 1) / S::ROWS;
+  if (groups == 1) {
+    norm_fwd_rows<S, true>(a, q, 0, amax_acc);
+    return;
+  }
   nj::QuantArgs qp = q;
   qp.phase = 0;
   for (long long g = 0; g < groups; ++g) norm_fwd_rows<S>(a, qp, g, amax_acc);

@@ -44,22 +44,36 @@ struct QuantOps {
     return v;
   }
 
-  // max(v over the block) into *out with one atomic: non-negative floats
-  // order as their bit patterns, so an unsigned atomicMax is a float max. A
-  // grid of one program stores it instead: the engine then sets no zero
-  // first (a memset is a GPU operation of its own, about 1 us at decode).
-  static __device__ __forceinline__ void block_max_to(float v, float* out) {
+  // The largest v over the block, to every thread (all of them call it).
+  static __device__ __forceinline__ float block_max(float v) {
     __shared__ float warp_max[32];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
     __syncthreads();
+    float m = 0.f;
+    for (int i = 0; i < (int)(blockDim.x + 31) / 32; ++i) m = fmaxf(m, warp_max[i]);
+    return m;
+  }
+
+  // max(v over the block) into *out with one atomic: non-negative floats
+  // order as their bit patterns, so an unsigned atomicMax is a float max. A
+  // grid of one program stores it instead: the engine then sets no zero
+  // first (a memset is a GPU operation of its own, about 1 us at decode).
+  static __device__ __forceinline__ void block_max_to(float v, float* out) {
+    const float m = block_max(v);
     if (threadIdx.x == 0) {
-      float m = 0.f;
-      for (int i = 0; i < (int)(blockDim.x + 31) / 32; ++i) m = fmaxf(m, warp_max[i]);
       if (gridDim.x == 1) *out = m;
       else atomicMax(reinterpret_cast<unsigned*>(out), __float_as_uint(m));
     }
+  }
+
+  // Tensor scaling where one program holds every row (decode): the tensor's
+  // amax is the block's max of the rows' amax; thread 0 stores it.
+  static __device__ __forceinline__ float tensor_amax_once(float row_amax, const QuantArgs& q) {
+    const float m = block_max(row_amax);
+    if (threadIdx.x == 0) *q.amax = m;
+    return m;
   }
 
   // The scale rules (fp8.cuh, shared with the host tests).
@@ -153,16 +167,18 @@ struct QuantOps {
 
   // 1 / the scale a whole row (Token) or tensor (Tensor, TensorStatic)
   // shares, from the row's amax for Token; lane 0 of a row writes it.
-  // TensorStatic: the scale as the caller read it from q.scale.
+  // `given`: TensorStatic, the scale as the caller read it from q.scale;
+  // Tensor, the tensor's amax.
   template <class S>
   static __device__ __forceinline__ float shared_inv_scale(const QuantArgs& q, float row_amax, bool lane0, long long row,
-                                                           float static_scale) {
+                                                           float given) {
     using y_t = typename S::y_t;
     if constexpr (S::QUANT == Q_TENSOR_STATIC) {
-      return 1.f / static_scale;
+      return 1.f / given;
     } else if constexpr (S::QUANT == Q_TENSOR) {
-      // Phase 1: the amax phase 0 left; every program derives the same scale.
-      const float sc = scale_of<y_t>(*q.amax, q);
+      // `given` is the tensor's amax (phase 0's, or the block's where one
+      // program holds every row): every program derives the same scale.
+      const float sc = scale_of<y_t>(given, q);
       if (lane0 && row == 0) *static_cast<float*>(q.scale) = sc;
       return 1.f / sc;
     } else if constexpr (S::QUANT == Q_TOKEN) {
