@@ -42,18 +42,7 @@ int ctas_for(int threads, int need, bool smsp) {
   while (smsp && b > 1 && (b * warps + 3) / 4 * 32 * alloc > sm90.regs_per_sm / 4) --b;
   return b;
 }
-}  // namespace
 
-bool keeps_u_rows(const Variant& v, const LaunchConfig& c, int N, bool peel) {
-  if (!keeps_u(v) || c.stages || c.two_pass) return false;
-  // Only where an SM still holds two CTAs: one CTA an SM cannot overlap a
-  // row's stores with another row's loads (a 512-thread token row of 16384
-  // keeping u took 74 registers, one CTA an SM, where 64 fit two: 0.72x the
-  // speed on an H200), and 1024-thread rows spilled at their 64 registers.
-  return ctas_for(c.threads(), row_register_base(v, c, N, peel) + kKeepURegisters, true) >= 2;
-}
-
-namespace {
 // forward_register_need without the staged weight and bias. keeps_u's
 // variants count kKeepURegisters whether a config keeps u or not: without
 // u they hold the row and its weight, and ptxas, unbounded, took as many
@@ -78,6 +67,15 @@ int staged_registers(const Variant& v, int bytes) {
   return std::max(4, elems - 12) + (elems > 32 ? 8 : 0) + (v.residual ? 8 : 0);
 }
 }  // namespace
+
+bool keeps_u_rows(const Variant& v, const LaunchConfig& c, int N, bool peel) {
+  if (!keeps_u(v) || c.stages || c.two_pass) return false;
+  // Only where an SM still holds two CTAs: one CTA an SM cannot overlap a
+  // row's stores with another row's loads (a 512-thread token row of 16384
+  // keeping u took 74 registers, one CTA an SM, where 64 fit two: 0.72x the
+  // speed on an H200), and 1024-thread rows spilled at their 64 registers.
+  return ctas_for(c.threads(), row_register_need(v, c, N, peel), true) >= 2;
+}
 
 int thread_register_cap(int threads) { return std::min(255, DeviceFacts{}.regs_per_sm / threads); }
 
