@@ -68,11 +68,14 @@ struct QuantOps {
     }
   }
 
-  // Tensor scaling where one program holds every row (decode): the tensor's
-  // amax is the block's max of the rows' amax; thread 0 stores it.
+  // Tensor scaling where one program, or one cluster of them, holds every
+  // row (decode): the tensor's amax is the max of the blocks' max of their
+  // rows' amax (ClusterMax, whose init() the kernel called); thread 0 of the
+  // cluster's first CTA stores it.
   static __device__ __forceinline__ float tensor_amax_once(float row_amax, const QuantArgs& q) {
-    const float m = block_max(row_amax);
-    if (threadIdx.x == 0) *q.amax = m;
+    float m = block_max(row_amax);
+    if (cluster_ctas() > 1) m = ClusterMax::max(m);
+    if (threadIdx.x == 0 && cluster_rank_any() == 0) *q.amax = m;
     return m;
   }
 

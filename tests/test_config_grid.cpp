@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "config/config_grid.hpp"
 #include "core/shape_spec.hpp"
 #include "quant_args.cuh"
@@ -624,4 +626,18 @@ TEST_CASE("config_grid: forward stages 1 stages the weight where that changes th
   CHECK(staged_for_launch(Op::Forward, many, c, f) == c);
   CHECK(staged_for_launch(Op::Backward, few, LaunchConfig::parse("v8.t512.r1"), f) == LaunchConfig::parse("v8.t512.r1"));
   CHECK(staged_for_launch(Op::Forward, few, LaunchConfig::parse("v8.t1024.r1"), f) == LaunchConfig::parse("v8.t1024.r1"));
+}
+
+TEST_CASE("config_model: tensor scaling at decode takes rows per program that one cluster's programs hold") {
+  // Current (tensor) scaling in one launch needs a program for each row
+  // group within one cluster (launch_rows); past that it pays a zeroed
+  // amax and a second launch. Decode shapes of several rows therefore get
+  // no more row groups than the device's cluster holds.
+  for (auto [M, N] : {std::pair<std::int64_t, std::int64_t>{4, 4096}, {32, 7168}, {61, 2880}, {40, 6144}, {3, 5111}}) {
+    NormDesc d = detail::parse_shape_spec(fmt::format("rms:bf16:{}x{}:quant=e4m3/tensor", M, N)).desc;
+    CAPTURE(d.str());
+    const LaunchConfig h = heuristic_config(Op::Forward, d, normjit_test::test_facts(16));
+    CAPTURE(h.str());
+    CHECK((M + h.rows_per_pid - 1) / h.rows_per_pid <= 16);
+  }
 }

@@ -132,6 +132,9 @@ def main(argv=None) -> int:
         for variant in args.variants.split(","):
             res = variant.startswith("res+")
             v = variant[4:] if res else variant
+            if (v.startswith("group") and N % group_of(v)) or (v == "mx32" and N % 32):
+                print(f"{M}x{N} {variant}: skipped, the group does not divide N")
+                continue
             quant = ("group" if v.startswith("group") else "tensor-static" if v == "static+amax"
                      else v.split("+")[0])
             kw = dict(quant=quant, fp8_dtype=fp8, group_size=group_of(v) if v.startswith("group") else 128,

@@ -17,6 +17,7 @@
 
 #include "compile/cubin.hpp"
 #include "core/atomic_file.hpp"
+#include "device/device_facts.hpp"
 #include "device/driver.hpp"
 #include "core/hash.hpp"
 #include "compile/kernel_sources.hpp"
@@ -57,6 +58,8 @@ void trace_resources(trace::Span& span, const std::string& cubin) {
   span.args["frame_bytes"] = std::to_string(r.frame_bytes);
 }
 
+// "sm_90a" -> 90.
+int arch_number(const std::string& arch) { return std::atoi(arch.c_str() + (arch.rfind("sm_", 0) == 0 ? 3 : 0)); }
 }  // namespace
 
 bool offline_mode() {
@@ -93,9 +96,9 @@ KernelBinary compile_spec(const KernelSpec& spec, const std::string& arch, const
 }
 
 void LoadedKernel::cluster_config(CUlaunchConfig& lc, CUlaunchAttribute& at, unsigned grid, unsigned block,
-                                  CUstream stream) const {
+                                  CUstream stream, unsigned cluster) const {
   at.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-  at.value.clusterDim.x = static_cast<unsigned>(spec_.cfg.cluster);
+  at.value.clusterDim.x = cluster ? cluster : static_cast<unsigned>(spec_.cfg.cluster);
   at.value.clusterDim.y = at.value.clusterDim.z = 1;
   lc.gridDimX = grid;
   lc.gridDimY = lc.gridDimZ = 1;
@@ -139,6 +142,20 @@ LoadedKernel::LoadedKernel(const KernelSpec& spec, const KernelBinary& bin) : sp
       if (blocks_per_sm > 0) NJ_CU(cuOccupancyMaxActiveClusters(&max_clusters, fn_, &lc));
       if (max_clusters < 1) blocks_per_sm = 0;  // no cluster of this size fits: not launchable
     }
+    if (once_ && blocks_per_sm > 0 && max_cluster_of_arch(arch_number(bin.arch)) > 1) {
+      // The once kernel's largest cluster here: up to 16 CTAs (Hopper's
+      // non-portable size, opted in), as its registers and GPCs allow.
+      NJ_CU(cuFuncSetAttribute(once_, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1));
+      CUlaunchAttribute at{};
+      CUlaunchConfig lc{};
+      cluster_config(lc, at, 16, static_cast<unsigned>(spec.threads()), nullptr, 1);
+      at.id = CU_LAUNCH_ATTRIBUTE_IGNORE;  // the query asks for the size; it takes no cluster dimension
+      int n = 0;
+      NJ_CU(cuOccupancyMaxPotentialClusterSize(&n, once_, &lc));
+      once_ctas = std::max(1, n);
+      span.args["once_ctas"] = std::to_string(once_ctas);
+    }
+    span.args["blocks_per_sm"] = std::to_string(blocks_per_sm);
   } catch (...) {
     cu().cuModuleUnload(mod_);
     throw;
@@ -177,8 +194,17 @@ void LoadedKernel::launch_transpose(unsigned grid, unsigned grid_y, CUstream str
   launch_plain(transpose_, "normjit_q_transpose of ", grid, grid_y, 256, 0, stream, args);
 }
 
-void LoadedKernel::launch_once(unsigned block, CUstream stream, void** args) const {
-  launch_plain(once_, "normjit_norm_fwd_once of ", 1, 1, block, spec_.dynamic_smem(), stream, args);
+void LoadedKernel::launch_once(unsigned ctas, unsigned block, CUstream stream, void** args) const {
+  if (ctas <= 1) return launch_plain(once_, "normjit_norm_fwd_once of ", 1, 1, block, spec_.dynamic_smem(), stream, args);
+  CUlaunchAttribute at{};
+  CUlaunchConfig lc{};
+  cluster_config(lc, at, ctas, block, stream, ctas);
+  const CUresult r = cu().cuLaunchKernelEx(&lc, once_, args, nullptr);
+  if (r != CUDA_SUCCESS)
+    throw_driver_error(
+        r, fmt::format("cuLaunchKernelEx(normjit_norm_fwd_once of {}, a cluster of {}, block {})", spec_.name(), ctas, block)
+               .c_str(),
+        __FILE__, __LINE__);
 }
 
 std::shared_ptr<const LoadedKernel> KernelCache::get(const KernelSpec& spec, const std::string& arch,

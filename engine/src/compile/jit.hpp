@@ -59,13 +59,17 @@ class LoadedKernel {
   /// The module's q transpose kernel (spec().transpose_kernel_name()), on a
   /// grid x by y of 256-thread blocks.
   void launch_transpose(unsigned grid, unsigned grid_y, CUstream stream, void** args) const;
-  /// The module's one-program kernel (spec().once_kernel_name()): one block.
-  void launch_once(unsigned block, CUstream stream, void** args) const;
+  /// The module's one-launch kernel (spec().once_kernel_name()): one block,
+  /// or a cluster of `ctas` blocks (2..once_ctas), one a row group.
+  void launch_once(unsigned ctas, unsigned block, CUstream stream, void** args) const;
+  /// The most CTAs one cluster of the once kernel may hold on this device
+  /// (its own occupancy; 1 without clusters or without a once kernel).
+  int once_ctas = 1;
 
  private:
-  // A launch config of `grid` CTAs in clusters of the spec's size.
-  void cluster_config(CUlaunchConfig& lc, CUlaunchAttribute& at, unsigned grid, unsigned block,
-                      CUstream stream) const;
+  // A launch config of `grid` CTAs in clusters of `cluster` (0: the spec's size).
+  void cluster_config(CUlaunchConfig& lc, CUlaunchAttribute& at, unsigned grid, unsigned block, CUstream stream,
+                      unsigned cluster = 0) const;
   // cuLaunchKernel of one of the module's kernels; errors name `what` (the
   // kernel, or "" for the spec's own) and the spec.
   void launch_plain(CUfunction f, const char* what, unsigned grid, unsigned grid_y, unsigned block, unsigned smem,

@@ -155,7 +155,13 @@ double forward_ns(const NormDesc& d, const Variant& v, const LaunchConfig& c, co
   const double conc = std::min(ctas, slots);
   const double sm_bytes = c.two_pass ? static_cast<double>(c.rows_per_pid) * T.slice * (2 * read + write) : bytes;
   const double round = T.round_ns(t1, conc, bytes, sm_bytes, std::min<double>(T.sms, conc), true);
-  return rounds_of(ctas, slots, p[kTail]) * round + p[kCta] * std::ceil(ctas / T.sms);
+  const double t = rounds_of(ctas, slots, p[kTail]) * round + p[kCta] * std::ceil(ctas / T.sms);
+  // Tensor (current) scaling runs in one launch only where one cluster holds
+  // a program for every row group (launch_rows); else amax is zeroed, then
+  // a pass measures it and a second quantizes: a second launch's latency
+  // and the rows read again.
+  if (v.quant == QuantScaling::Tensor && T.needed > dev.max_cluster) return 2 * t;
+  return t;
 }
 
 // Backward: persistent programs stream their rows (launch_geometry).

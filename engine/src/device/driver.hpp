@@ -22,7 +22,7 @@ namespace normjit::detail {
   X(cuCtxSetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize)                               \
   X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncGetAttribute)     \
   X(cuFuncSetAttribute) X(cuLaunchKernel) X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
-  X(cuLaunchKernelEx) X(cuOccupancyMaxActiveClusters)                                    \
+  X(cuLaunchKernelEx) X(cuOccupancyMaxActiveClusters) X(cuOccupancyMaxPotentialClusterSize) \
   X(cuMemAlloc) X(cuMemFree) X(cuMemGetInfo) X(cuMemcpyHtoD) X(cuMemcpyDtoH)             \
   X(cuMemcpyDtoDAsync) X(cuMemsetD8Async) X(cuMemsetD32Async) X(cuStreamSynchronize)     \
   X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)              \

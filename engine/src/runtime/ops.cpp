@@ -56,10 +56,10 @@ void launch_rows(const LoadedKernel& k, const NormDesc& d, const ForwardTensors&
     // amax (a resident-sized grid striding over them, so few programs meet
     // in its one atomic), the second recomputes y and quantizes with it
     // (walking the rows backwards, so it reads the last-measured ones
-    // from L2). A grid of one program (decode) does both in one launch and
-    // stores amax itself: no zero first, no second launch.
-    if (resident == 1) {
-      k.launch_once(g.block, s, args);
+    // from L2). A grid that one cluster holds (decode) does both in one
+    // launch and stores amax itself: no zero first, no second launch.
+    if (resident == 1 || g.grid <= static_cast<unsigned>(k.once_ctas)) {
+      k.launch_once(resident == 1 ? 1 : g.grid, g.block, s, args);
       return;
     }
     NJ_CU(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(t.amax), 0, 1, s));
