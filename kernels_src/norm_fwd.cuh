@@ -484,12 +484,6 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
                 "u is kept by unstaged quantized RMSNorm rows without the Llama cast or a bias");
   constexpr bool FOLD = ROW_AMAX && (QUANT != nj::Q_TENSOR || KEEP_U) && !S::LLAMA && !S::HAS_B &&
                         !(S::TWO_PASS && S::LAYERNORM);
-  // Rows whose loads need no row guard: a row past M reads row 0 (see R)
-  // and stores nothing, and its sums and maxima reach no other row's. A
-  // guarded load selects each loaded half or zero (the group128 row of
-  // 8192x4096, v8.t64.r1: 1104 instructions guarded, 944 not; on an H200
-  // 84% of the copy -> 91%, and 86% -> 100% at 32768x5120).
-  constexpr bool UNGUARDED = ROW_AMAX || KEEP_U;
   float ua = 0.f;  // FOLD: this thread's max|u| (a token row's, once reduced)
 
   const int lane = threadIdx.x % S::TPR;
@@ -536,6 +530,17 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     constexpr bool PREFETCH_WB = STAGED || ROW_AMAX || KEEP_U ? nj::wb_with_row_or<S>(0) != 0
                                                     : L::ITERS * S::VEC * sizeof(w_t) * (S::HAS_B ? 2 : 1) <= 32;
     constexpr int WB_BATCH = PREFETCH_WB ? L::ITERS : nj::wb_batch_or<S>(0);
+    // Rows whose loads need no row guard: a row past M reads row 0 (see R)
+    // and stores nothing, and its sums and maxima reach no other row's. A
+    // guarded load selects each loaded half or zero (the group128 row of
+    // 8192x4096, v8.t64.r1: 1104 instructions guarded, 944 not; on an H200
+    // 84% of the copy -> 91%, and 86% -> 100% at 32768x5120; a residual
+    // before group128 scales 81-93% -> 95-99%). Other quantized rows only
+    // where their weight loads after the reduction: loaded with an
+    // unguarded row, ptxas sank it past the sum of squares (a static
+    // scale's 1x4096, v8.t512.r1: 1.70 -> 1.84 us). Not staged rows, nor
+    // unquantized ones, whose tuned entries were measured with the guard.
+    constexpr bool UNGUARDED = ROW_AMAX || KEEP_U || (QUANT != nj::Q_NONE && !STAGED && !PREFETCH_WB);
     nj::Vec<w_t, S::VEC> wv[PREFETCH_WB ? L::ITERS : 1], bv[PREFETCH_WB ? L::ITERS : 1];
     // Peeled rows: the chunks wholly inside the row move as vectors, and the
     // elements of its partial first and last chunk (its edges) one per lane
