@@ -57,7 +57,9 @@ void launch_rows(const LoadedKernel& k, const NormDesc& d, const ForwardTensors&
     // in its one atomic), the second recomputes y and quantizes with it
     // (walking the rows backwards, so it reads the last-measured ones
     // from L2). A grid that one cluster holds (decode) does both in one
-    // launch and stores amax itself: no zero first, no second launch.
+    // launch and stores amax itself: no zero first, no second launch
+    // (norm_fwd_once takes a cluster's CTAs as one program a row group: the
+    // cluster is the whole grid, never part of it).
     if (resident == 1 || g.grid <= static_cast<unsigned>(k.once_ctas)) {
       k.launch_once(resident == 1 ? 1 : g.grid, g.block, s, args);
       return;
