@@ -175,6 +175,33 @@ __device__ __forceinline__ unsigned cluster_rank_any() {
 #endif
 }
 
+// DSMEM primitives of the cluster exchanges below (sm_90+): a shared
+// address as a 32-bit offset, its peer's copy in CTA `rank`, a float stored
+// there whose 4 bytes complete on the peer's mbarrier, and a wait for the
+// phase of parity `parity` of a local mbarrier.
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ unsigned dsmem_map(unsigned local, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  return remote;
+}
+__device__ __forceinline__ void dsmem_store_async(unsigned dst, float v, unsigned dst_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(dst), "f"(v),
+               "r"(dst_bar)
+               : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
+  unsigned done = 0;
+  while (!done)
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+}
+
 // The max of one float over a cluster of a launch's size (2..16 CTAs: tensor
 // scaling at decode, norm_fwd_once). Each CTA stores its value into every
 // peer's shared memory with st.async, whose bytes complete on the peer's
@@ -197,7 +224,7 @@ struct ClusterMax {
   static __device__ __forceinline__ void init() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (threadIdx.x == 0) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(addr(&shared().bar)) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&shared().bar)) : "memory");
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
@@ -207,25 +234,13 @@ struct ClusterMax {
   static __device__ __forceinline__ float max(float v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     Shared& sh = shared();
-    const unsigned n = cluster_ctas(), me = cluster_rank(), bar = addr(&sh.bar);
+    const unsigned n = cluster_ctas(), me = cluster_rank(), bar = smem_addr(&sh.bar);
     asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every peer's mbarrier is initialised
     if (threadIdx.x == 0)
       asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(n * 4) : "memory");
-    if (threadIdx.x < n) {
-      unsigned dst, dst_bar;
-      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst) : "r"(addr(&sh.buf[me])), "r"(threadIdx.x));
-      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst_bar) : "r"(bar), "r"(threadIdx.x));
-      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(dst), "f"(v),
-                   "r"(dst_bar)
-                   : "memory");
-    }
-    unsigned done = 0;
-    while (!done)
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
-          : "=r"(done)
-          : "r"(bar)
-          : "memory");
+    if (threadIdx.x < n)
+      dsmem_store_async(dsmem_map(smem_addr(&sh.buf[me]), threadIdx.x), v, dsmem_map(bar, threadIdx.x));
+    mbarrier_wait(bar, 0);
     const unsigned lane = threadIdx.x % 32;
     float m = lane < n ? sh.buf[lane] : 0.f;
 #pragma unroll
@@ -234,11 +249,6 @@ struct ClusterMax {
 #else
     return v;
 #endif
-  }
-
- private:
-  static __device__ __forceinline__ unsigned addr(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
   }
 };
 
@@ -280,31 +290,12 @@ template <int C, int K> struct ClusterExchange {
 #pragma unroll
       for (int j = 0; j < K; ++j)
         if (j == (int)k) val = v[j];
-      const unsigned dst = mapa(smem_addr(&sh.buf[b][me][k]), peer), dst_bar = mapa(bar, peer);
-      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(dst), "f"(val),
-                   "r"(dst_bar)
-                   : "memory");
+      dsmem_store_async(dsmem_map(smem_addr(&sh.buf[b][me][k]), peer), val, dsmem_map(bar, peer));
     }
-    unsigned done = 0;
-    while (!done)
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-          : "=r"(done)
-          : "r"(bar), "r"(parity)
-          : "memory");
+    mbarrier_wait(bar, parity);
     const unsigned lane = threadIdx.x % 32;
 #pragma unroll
     for (int k = 0; k < K; ++k) v[k] = lane < C ? sh.buf[b][lane < C ? lane : 0][k] : 0.f;
-  }
-
- private:
-  static __device__ __forceinline__ unsigned smem_addr(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-  }
-  static __device__ __forceinline__ unsigned mapa(unsigned local, unsigned rank) {
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-    return remote;
   }
 };
 // The sum of a warp's lanes, in every lane. A butterfly adds the same pairs in
