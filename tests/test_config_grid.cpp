@@ -17,6 +17,7 @@
 #include "tuning/tuned_cache.hpp"
 #include "test_util.hpp"
 #include "core/variant.hpp"
+#include "device/device_facts.hpp"
 
 using namespace normjit;
 using namespace normjit::detail;
@@ -640,4 +641,12 @@ TEST_CASE("config_model: tensor scaling at decode takes rows per program that on
     CAPTURE(h.str());
     CHECK((M + h.rows_per_pid - 1) / h.rows_per_pid <= 16);
   }
+}
+
+TEST_CASE("device_facts: an arch name's SM number and largest cluster") {
+  CHECK(sm_of_arch("sm_90") == 90);
+  CHECK(sm_of_arch("sm_90a") == 90);
+  CHECK(sm_of_arch("sm_80") == 80);
+  CHECK(max_cluster_of_arch(sm_of_arch("sm_90a")) == kMaxCluster);
+  CHECK(max_cluster_of_arch(sm_of_arch("sm_89")) == 1);
 }

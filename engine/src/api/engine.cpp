@@ -383,7 +383,7 @@ int Engine::precompile(Op op, const NormDesc& d, const std::string& arch, std::v
     throw Error(ErrorKind::InvalidArgument, fmt::format("arch = '{}' is not of the form sm_XY (e.g. sm_90)", arch));
   std::vector<KernelSpec> specs;
   std::set<std::string> seen;  // configs differing only in launch parameters share a cubin
-  const int max_cluster = max_cluster_of_arch(std::atoi(arch.c_str() + 3));
+  const int max_cluster = max_cluster_of_arch(sm_of_arch(arch));
   auto add = [&](const LaunchConfig& c) {
     if (KernelSpec s = make_spec(op, d, c); seen.insert(s.name()).second) specs.push_back(s);
   };

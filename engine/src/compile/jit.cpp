@@ -58,8 +58,6 @@ void trace_resources(trace::Span& span, const std::string& cubin) {
   span.args["frame_bytes"] = std::to_string(r.frame_bytes);
 }
 
-// "sm_90a" -> 90.
-int arch_number(const std::string& arch) { return std::atoi(arch.c_str() + (arch.rfind("sm_", 0) == 0 ? 3 : 0)); }
 }  // namespace
 
 bool offline_mode() {
@@ -142,7 +140,7 @@ LoadedKernel::LoadedKernel(const KernelSpec& spec, const KernelBinary& bin) : sp
       if (blocks_per_sm > 0) NJ_CU(cuOccupancyMaxActiveClusters(&max_clusters, fn_, &lc));
       if (max_clusters < 1) blocks_per_sm = 0;  // no cluster of this size fits: not launchable
     }
-    if (once_ && blocks_per_sm > 0 && max_cluster_of_arch(arch_number(bin.arch)) > 1) {
+    if (once_ && blocks_per_sm > 0 && max_cluster_of_arch(sm_of_arch(bin.arch)) > 1) {
       // The once kernel's largest cluster here: up to 16 CTAs (Hopper's
       // non-portable size, opted in), as its registers and GPCs allow.
       NJ_CU(cuFuncSetAttribute(once_, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1));

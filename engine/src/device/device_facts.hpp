@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "normjit/normjit.hpp"
 
@@ -11,6 +13,10 @@ namespace normjit::detail {
 /// The largest thread-block cluster of an architecture (sm_XY as XY, e.g.
 /// 90): kMaxCluster from Hopper on, 1 (no clusters) before.
 inline int max_cluster_of_arch(int sm) { return sm >= 90 ? kMaxCluster : 1; }
+/// The XY of an NVRTC arch name "sm_XY" (or "sm_XYa"), e.g. 90.
+inline int sm_of_arch(const std::string& arch) {
+  return std::atoi(arch.c_str() + (arch.rfind("sm_", 0) == 0 ? 3 : 0));
+}
 
 /// What the config model reads of a GPU: published per-architecture limits
 /// and what the driver reports. `of` fills the per-SM limits of an
