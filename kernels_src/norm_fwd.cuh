@@ -7,10 +7,11 @@
 //
 // FP8: an FP8 x is dequantized on load (x = q * x_scale[row, col / XGROUP]);
 // a quantized y (QUANT) is written as FP8 codes with its scales, and
-// optionally y unquantized (STORE_YHP) and q transposed (STORE_YT: at
-// decode by the row kernel, else by q_transpose.cuh's launch after it). The
-// quantization helpers come from Spec::Q (nj::QuantOps, quant.cuh), which
-// only quantized variants include: the other kernels do not depend on it.
+// optionally y unquantized (STORE_YHP) and q transposed (at decode by the
+// row kernel, whose prelude then sets STORE_YT; else by q_transpose.cuh's
+// launch after it). The quantization helpers come from Spec::Q
+// (nj::QuantOps, quant.cuh), which only quantized variants include: the
+// other kernels do not depend on it.
 //
 // Specialised by a prelude that defines `struct Spec` before including this
 // file: using x_t, y_t, w_t, r_t, ro_t, h_t, yhp_t, index_t; constexpr int N,

@@ -11,8 +11,8 @@ enum : int { Q_NONE = 0, Q_TENSOR_STATIC = 1, Q_TENSOR = 2, Q_TOKEN = 3, Q_GROUP
 // The tile of q_transpose.cuh's CTAs (the engine sizes its grid by it).
 // Functions, not variables: a namespace-scope constant became a device
 // variable in every kernel's machine code.
-constexpr int qt_tile_rows() { return 128; }
-constexpr int qt_tile_cols() { return 64; }
+constexpr int qt_tile_rows() { return 64; }
+constexpr int qt_tile_cols() { return 256; }
 
 struct QuantArgs {
   void* scale;           // y's scales: fp32 ([1], [M], [M, N / G] or [N / G, scale_ld]) or E8M0 bytes (MX)

@@ -18,6 +18,7 @@
 #include "test_util.hpp"
 #include "core/variant.hpp"
 #include "device/device_facts.hpp"
+#include "runtime/ops.hpp"
 
 using namespace normjit;
 using namespace normjit::detail;
@@ -173,6 +174,20 @@ TEST_CASE("config_grid: q transposed leaves the row kernel's configs as they are
     CHECK(!grid.empty());
     CHECK(grid == candidate_grid(Op::Forward, plain, 8));
   }
+}
+
+TEST_CASE("transpose_columns: a q of few row tiles gets narrower column tiles, down to 16 columns") {
+  const auto cols = [](const char* spec, int sms) { return transpose_columns(parse_shape_spec(spec).desc, sms); };
+  const char* large = "rms:bf16:8192x4096:quant=e4m3/tensor:transpose";
+  CHECK(cols(large, 132) == nj::qt_tile_cols());  // 128 row tiles x 16 column tiles
+  // 61 x 2880: one row tile; 256 columns a CTA would leave 12 CTAs on 132 SMs.
+  const int tc = cols("rms:bf16:61x2880:quant=e4m3/tensor:transpose", 132);
+  CHECK(tc < nj::qt_tile_cols());
+  CHECK(tc % 16 == 0);
+  CHECK((2880 + tc - 1) / tc >= 132);
+  CHECK((2880 + 2 * tc - 1) / (2 * tc) < 132);  // the widest that fills the SMs
+  CHECK(cols("rms:bf16:61x64:quant=e4m3/tensor:transpose", 132) == 16);  // never below one 16-byte piece
+  CHECK(cols("rms:bf16:61x2880:quant=e4m3/tensor:transpose", 1) == nj::qt_tile_cols());
 }
 
 TEST_CASE("config_grid: two-pass only for rows that do not fit in registers") {

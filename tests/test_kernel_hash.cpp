@@ -307,6 +307,11 @@ TEST_CASE("keys: every Variant and KernelSpec field reaches the shape key, the n
       {"colmajor", &quant, [](KernelSpec& s) { s.v.colmajor = true; }},
       {"store_yhp", &quant, [](KernelSpec& s) { s.v.store_yhp = true; }},
       {"store_yt", &quant, [](KernelSpec& s) { s.v.quant = QuantScaling::Tensor; s.v.qgroup = 0; s.v.store_yt = true; }},
+      {"yt_by_rows", &quant, [](KernelSpec& s) {
+         s.v.quant = QuantScaling::Tensor;
+         s.v.qgroup = 0;
+         s.v.store_yt = s.v.yt_by_rows = true;
+       }},
       {"yhp", &quant, [](KernelSpec& s) { s.v.store_yhp = true; s.v.yhp = DType::F32; }},
       {"store_amax", &quant, [](KernelSpec& s) { s.v.quant = QuantScaling::TensorStatic; s.v.qgroup = 0; s.v.store_amax = true; }},
       {"xgroup", &fwd, [](KernelSpec& s) { s.v.x = DType::E4M3; s.v.xgroup = 32; s.v.residual = s.v.store_res = false; }},

@@ -342,11 +342,21 @@ TEST_CASE("nvrtc: the generated source holds the spec's constants and includes i
                                    "STORE_MEAN = true"});
   CHECK(lf.name() == "ln_fwd.x=fp16.y=fp16.w=fp16.bias.off=1.res=fp32.ro=fp32.h=fp32.mean.rstd.N768.v4.t64.r1.i32");
 
-  // q transposed: the forward module holds the transpose kernel too; no other does.
+  // q transposed past decode: the forward module holds the transpose kernel
+  // too, and its row kernel no code for the transpose; no other module does.
   const NormDesc yt = parse_shape_spec("rms:bf16:4096x4096:quant=e4m3/tensor:transpose").desc;
   const KernelSpec ytf = make_spec(Op::Forward, yt, LaunchConfig::parse("v8.t512.r1"));
   CHECK(std::string(ytf.transpose_kernel_name()) == "normjit_q_transpose");
-  check_contains_all(ytf.source(), {"STORE_YT = true", "#include \"norm_fwd.cuh\"\n#include \"q_transpose.cuh\""});
+  check_contains_all(ytf.source(), {"STORE_YT = false", "#include \"norm_fwd.cuh\"\n#include \"q_transpose.cuh\""});
+  // At decode the row kernel stores the transposed bytes, and no transpose kernel exists.
+  for (const char* spec : {"rms:bf16:1x8192:quant=e4m3/tensor:transpose", "rms:bf16:8x4096:quant=e4m3/tensor:transpose"}) {
+    CAPTURE(spec);
+    const KernelSpec rows = make_spec(Op::Forward, parse_shape_spec(spec).desc, LaunchConfig::parse("v8.t512.r1"));
+    CHECK(rows.transpose_kernel_name() == nullptr);
+    CHECK(contains(rows.source(), "STORE_YT = true"));
+    CHECK_FALSE(contains(rows.source(), "q_transpose.cuh"));
+    CHECK(contains(rows.name(), ".yt=rows."));
+  }
   NormDesc plain = yt;
   plain.store_y_t = false;
   const KernelSpec pf = make_spec(Op::Forward, plain, LaunchConfig::parse("v8.t512.r1"));

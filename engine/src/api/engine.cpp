@@ -247,6 +247,7 @@ std::shared_ptr<const Plan> Engine::Impl::forward_plan(const NormDesc& d, const 
     p->kernel = jit.get(make_spec(op, d, p->config), l.arch);
     p->geometry = launch_geometry(op, d, p->config, l.sm_count, p->kernel->blocks_per_sm);
     p->resident = amax_grid(*p->kernel, p->geometry, l.sm_count);
+    p->qt_cols = transpose_columns(d, l.sm_count);
     p->layout = row_layout(d, false);
   } catch (const Error& e) {
     attach_context(e, op, d, p->config);

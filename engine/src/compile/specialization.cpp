@@ -53,7 +53,7 @@ const char* KernelSpec::kernel_name() const {
 }
 
 const char* KernelSpec::transpose_kernel_name() const {
-  return kind == KernelKind::Forward && v.store_yt ? "normjit_q_transpose" : nullptr;
+  return kind == KernelKind::Forward && v.store_yt && !v.yt_by_rows ? "normjit_q_transpose" : nullptr;
 }
 
 const char* KernelSpec::once_kernel_name() const {
@@ -116,7 +116,7 @@ std::string KernelSpec::source() const {
     s += fmt::format("  using yhp_t = {};\n  static constexpr int QUANT = {}, QGROUP = {};\n", device_type(v.yhp),
                      static_cast<int>(v.quant), v.qgroup);
     s += fmt::format("  static constexpr bool UE8M0 = {}, COLMAJOR = {}, STORE_YHP = {}, STORE_YT = {};\n", v.ue8m0,
-                     v.colmajor, v.store_yhp, v.store_yt);
+                     v.colmajor, v.store_yhp, v.yt_by_rows);
     // Only the kernels that write it name it: the others' sources stay as they were.
     if (v.store_amax) s += "  static constexpr bool STORE_AMAX = true;\n";
   }

@@ -40,7 +40,9 @@ struct Variant {
   QuantScaling quant = QuantScaling::None;
   int qgroup = 0;           ///< Group: G; MX: 32; else 0
   bool ue8m0 = false, colmajor = false;
-  bool store_yhp = false, store_yt = false;
+  bool store_yhp = false;
+  bool store_yt = false;     ///< q transposed is an output
+  bool yt_by_rows = false;   ///< store_yt, and the row kernel stores it (transposed_by_rows)
   bool store_amax = false;  ///< TensorStatic: amax of y written too
   DType yhp = DType::BF16;  ///< y_hp's dtype (store_yhp)
   int xgroup = 0;           ///< FP8 x (forward, or the backward's normalised input): QB; else 0
@@ -59,6 +61,12 @@ std::vector<std::int64_t> row_strides(Op op, const NormDesc& desc);
 
 /// The variant of `op` for `desc`.
 Variant make_variant(Op op, const NormDesc& desc);
+
+/// Does the forward's row kernel store q transposed itself (desc.store_y_t)?
+/// Only at decode: each transposed code is a byte store the L2 takes as a
+/// request of its own. Else a launch of its own transposes q after it, and
+/// the row kernel holds no code for it.
+bool transposed_by_rows(const NormDesc& desc);
 
 /// Bucket of M used in shape keys: the smallest power of two >= M, capped at
 /// 65536 (all larger M share one bucket); 0 for M == 0.

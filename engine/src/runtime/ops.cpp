@@ -33,7 +33,16 @@ nj::NormArgs row_layout(const NormDesc& d, bool backward) {
 
 void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardTensors& t, int sm_count, CUstream s) {
   const Geometry g = launch_geometry(Op::Forward, d, k.spec().cfg, sm_count, k.blocks_per_sm);
-  launch_forward(k, d, row_layout(d, false), t, g, amax_grid(k, g, sm_count), s);
+  launch_forward(k, d, row_layout(d, false), t, g, amax_grid(k, g, sm_count), transpose_columns(d, sm_count), s);
+}
+
+int transpose_columns(const NormDesc& d, int sm_count) {
+  // A decode-sized q is one row tile: 256-column tiles left 12 CTAs for
+  // 61 x 2880 (5.2 us to transpose).
+  const std::int64_t row_tiles = (d.M + nj::qt_tile_rows() - 1) / nj::qt_tile_rows();
+  int tc = nj::qt_tile_cols();
+  while (tc > 16 && row_tiles * ((d.N + tc - 1) / tc) < sm_count) tc /= 2;
+  return tc;
 }
 
 unsigned amax_grid(const LoadedKernel& k, const Geometry& g, int sm_count) {
@@ -41,14 +50,6 @@ unsigned amax_grid(const LoadedKernel& k, const Geometry& g, int sm_count) {
 }
 
 namespace {
-bool transposed_by_rows(std::int64_t M, std::int64_t N) {
-  // Each code the row kernel transposes is one byte-wide store that the L2
-  // takes as a request of its own (measured on an H100: 229K of them, 32 x
-  // 7168, added 9.7 us, about 42 ps each); up to 2^15 cost less than a
-  // launch (about 2 us at decode). One row's transpose is the row itself.
-  return M == 1 || M * N <= (1LL << 15);
-}
-
 void launch_rows(const LoadedKernel& k, const NormDesc& d, const ForwardTensors& t, const Geometry& g,
                  unsigned resident, nj::QuantArgs& q, void** args, CUstream s) {
   if (d.quant == QuantScaling::Tensor) {
@@ -81,7 +82,7 @@ void launch_rows(const LoadedKernel& k, const NormDesc& d, const ForwardTensors&
 }  // namespace
 
 void launch_forward(const LoadedKernel& k, const NormDesc& d, const nj::NormArgs& layout, const ForwardTensors& t,
-                    const Geometry& g, unsigned resident, CUstream s) {
+                    const Geometry& g, unsigned resident, int qt_cols, CUstream s) {
   nj::NormArgs a = layout;
   a.x = t.x;
   a.residual = t.residual;
@@ -101,7 +102,7 @@ void launch_forward(const LoadedKernel& k, const NormDesc& d, const nj::NormArgs
   q.scale_ub = d.scale_ub;
   q.scale_min = d.scale_min > 0.f ? d.scale_min : kMinScale;
   // q transposed: by the row kernel at decode, else by a launch of its own after it.
-  const bool own_transpose = d.store_y_t && !transposed_by_rows(d.M, d.N);
+  const bool own_transpose = d.store_y_t && !transposed_by_rows(d);
   if (own_transpose) q.y_t = nullptr;
   void* args[] = {&a, &q};
   launch_rows(k, d, t, g, resident, q, args, s);
@@ -109,10 +110,10 @@ void launch_forward(const LoadedKernel& k, const NormDesc& d, const nj::NormArgs
     const void* qp = t.y;
     void* qtp = t.y_t;
     long long M = d.M, ld = d.y_ld();
-    int n = static_cast<int>(d.N);
-    void* targs[] = {&qp, &qtp, &M, &ld, &n};
+    int n = static_cast<int>(d.N), tc = qt_cols;
+    void* targs[] = {&qp, &qtp, &M, &ld, &n, &tc};
     k.launch_transpose(static_cast<unsigned>((d.M + nj::qt_tile_rows() - 1) / nj::qt_tile_rows()),
-                       static_cast<unsigned>((d.N + nj::qt_tile_cols() - 1) / nj::qt_tile_cols()), s, targs);
+                       static_cast<unsigned>((d.N + tc - 1) / tc), s, targs);
   }
 }
 

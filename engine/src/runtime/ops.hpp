@@ -21,9 +21,14 @@ nj::NormArgs row_layout(const NormDesc& d, bool backward);
 void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardTensors& t, int sm_count, CUstream s);
 /// The same with geometry and layout already derived (a Plan's launch);
 /// `resident` is amax_grid's: per-tensor current scaling's first pass, and
-/// the one launch of a static scale that writes amax.
+/// the one launch of a static scale that writes amax; `qt_cols` is
+/// transpose_columns'.
 void launch_forward(const LoadedKernel& k, const NormDesc& d, const nj::NormArgs& layout, const ForwardTensors& t,
-                    const Geometry& g, unsigned resident, CUstream s);
+                    const Geometry& g, unsigned resident, int qt_cols, CUstream s);
+/// Columns of q a CTA of the transpose launch takes (store_y_t): its tile's,
+/// or fewer (down to 16) where the row tiles of d are too few to give each
+/// of `sm_count` SMs a CTA.
+int transpose_columns(const NormDesc& d, int sm_count);
 /// Grid of the amax pass of per-tensor current scaling: resident-sized, so
 /// few programs meet in its one atomic.
 unsigned amax_grid(const LoadedKernel& k, const Geometry& g, int sm_count);

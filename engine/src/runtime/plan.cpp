@@ -68,7 +68,7 @@ PlanKey plan_key(const NormDesc& d, const BackwardTensors& t) {
 }
 
 void Plan::forward(const ForwardTensors& t, CUstream s) const {
-  launch_forward(*kernel, desc, layout, t, geometry, resident, s);
+  launch_forward(*kernel, desc, layout, t, geometry, resident, qt_cols, s);
 }
 
 void Plan::backward(const BackwardTensors& t, CUstream s) const {

@@ -65,6 +65,7 @@ struct Plan {
   std::shared_ptr<const LoadedKernel> finalize;  ///< backward with > 1 program
   Geometry geometry;           ///< from `resolved` (backward: independent of alignment)
   unsigned resident = 0;       ///< forward, per-tensor current scaling: amax pass grid
+  int qt_cols = 0;             ///< forward, store_y_t: transpose_columns
   std::size_t workspace_bytes = 0;  ///< backward: partial dweight / dbias rows
   nj::NormArgs layout{};       ///< strides, M, eps; pointers filled per call
 
