@@ -658,6 +658,34 @@ TEST_CASE("config_model: tensor scaling at decode takes rows per program that on
   }
 }
 
+TEST_CASE("config_model: quantized rows take CTAs of at most 512 threads, token rows at most 48 elements a thread") {
+  // Where a one-pass config obeys them (config_model.cpp says what was timed).
+  const auto pick = [](const std::string& spec) {
+    const NormDesc d = detail::parse_shape_spec(spec).desc;
+    return std::make_pair(d, heuristic_config(Op::Forward, d, normjit_test::test_facts()));
+  };
+  for (const char* spec : {"rms:bf16:32x7168:quant=e4m3/token", "rms:bf16:64x8192:quant=e4m3/group128",
+                           "rms:bf16:16x5120:quant=e4m3/tensor-static", "rms:bf16:1x4096:quant=e4m3/token:yhp",
+                           "ln:bf16:40x6144:quant=e4m3/mx32", "rms:bf16:2048x16384:quant=e4m3/token"}) {
+    const auto [d, c] = pick(spec);
+    CAPTURE(spec);
+    CAPTURE(c.str());
+    CHECK(c.threads() <= 512);
+  }
+  for (const char* spec : {"rms:bf16:8192x4096:quant=e4m3/token", "rms:bf16:2048x16384:quant=e4m3/token",
+                           "rms:bf16:16384x2048:quant=e4m3/token:res", "rms:bf16:4096x8192:quant=e4m3/token:yhp"}) {
+    const auto [d, c] = pick(spec);
+    CAPTURE(spec);
+    CAPTURE(c.str());
+    CHECK(c.threads_per_row * 48 >= d.N);
+  }
+  // A row that no such config holds at 32 elements a thread keeps its 1024
+  // threads (or two passes), and unquantized rows are priced as before.
+  CHECK(pick("rms:bf16:16x65536:quant=e4m3/token").second.threads() > 512);
+  CHECK(pick("rms:bf16:32x7168").second.str() ==
+        heuristic_config(Op::Forward, make_desc(32, 7168), normjit_test::test_facts()).str());
+}
+
 TEST_CASE("device_facts: an arch name's SM number and largest cluster") {
   CHECK(sm_of_arch("sm_90") == 90);
   CHECK(sm_of_arch("sm_90a") == 90);

@@ -209,13 +209,56 @@ double predicted_ns(Op op, const NormDesc& d, const Variant& v, const LaunchConf
   return op == Op::Forward ? forward_ns(d, v, c, dev, terms) : backward_ns(d, v, c, dev, terms);
 }
 
+namespace {
+// Two rules for quantized forward rows, where a one-pass config obeys them
+// (the model's constants, fitted on unquantized rows, price neither):
+// - CTAs of at most 512 threads, where such a config holds a row at 32
+//   elements a thread or fewer (N up to 16384, the widest timed). 1024-thread
+//   rows lost to rows of 256-512 threads at every decode shape timed (whole
+//   grids in alternating rounds, H200: 32x7168 token 3.39 vs 2.37 us,
+//   64x8192 group128 3.26 vs 2.69, 16x5120 tensor-static 2.40 vs 2.08), and
+//   two rows of 512 to one (2048x16384 token 39.2 vs 35.3): their reductions
+//   wait on 32 warps.
+// - Rows scaled by their own amax (token) at most 48 elements a thread: at
+//   64 they lost to 32 on both GPUs at M x N = 2^25 (H200: N = 4096 30.0 vs
+//   26.9 us, 8192 30.7 vs 27.8, 16384 36.8 vs 31.5; H100 16384 43.7 vs 37.6),
+//   and 48 was the fastest at N = 12288. Group and static scales keep 64
+//   (N = 16384: 32.5 vs 37.0 us for group128 on the H200).
+constexpr int kQuantCtaThreads = 512, kQuantCapElems = 32, kTokenRowElems = 48;
+
+struct QuantCaps {
+  bool threads = false, token = false;  // the rules that apply to a grid
+};
+
+std::int64_t elems_per_thread(const NormDesc& d, const LaunchConfig& c) { return ceil_div(d.N, c.threads_per_row); }
+
+bool one_pass(const LaunchConfig& c) { return !c.two_pass && c.row_split() == 1; }
+
+QuantCaps quant_caps(Op op, const NormDesc& d, const Variant& v, const std::vector<LaunchConfig>& grid) {
+  QuantCaps q;
+  if (op != Op::Forward || v.quant == QuantScaling::None) return q;
+  for (const LaunchConfig& c : grid) {
+    if (!one_pass(c) || c.threads() > kQuantCtaThreads) continue;
+    q.threads |= elems_per_thread(d, c) <= kQuantCapElems;
+    q.token |= v.quant == QuantScaling::Token && elems_per_thread(d, c) <= kTokenRowElems;
+  }
+  return q;
+}
+
+bool excluded(const QuantCaps& q, const NormDesc& d, const LaunchConfig& c) {
+  return (q.threads && c.threads() > kQuantCtaThreads) || (q.token && elems_per_thread(d, c) > kTokenRowElems);
+}
+}  // namespace
+
 std::size_t fastest_of(Op op, const NormDesc& d, const std::vector<LaunchConfig>& grid, const DeviceFacts& dev,
                        const ModelParams& p) {
   const Variant v = make_variant(op, d);
+  const QuantCaps caps = quant_caps(op, d, v, grid);
   // The grid is sorted simplest first: a later config must be faster to win.
   std::size_t best = 0;
   double best_t = std::numeric_limits<double>::infinity();
   for (std::size_t i = 0; i < grid.size(); ++i) {
+    if (excluded(caps, d, grid[i])) continue;
     const double t = predicted_ns(op, d, v, grid[i], dev, p);
     if (t < best_t * (1 - 1e-9)) {
       best_t = t;
