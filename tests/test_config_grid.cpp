@@ -673,14 +673,16 @@ TEST_CASE("config_model: quantized rows take CTAs of at most 512 threads, token 
     CHECK(c.threads() <= 512);
   }
   for (const char* spec : {"rms:bf16:8192x4096:quant=e4m3/token", "rms:bf16:2048x16384:quant=e4m3/token",
-                           "rms:bf16:16384x2048:quant=e4m3/token:res", "rms:bf16:4096x8192:quant=e4m3/token:yhp"}) {
+                           "rms:bf16:16384x2048:quant=e4m3/token", "rms:bf16:4096x8192:quant=e4m3/token:yhp"}) {
     const auto [d, c] = pick(spec);
     CAPTURE(spec);
     CAPTURE(c.str());
     CHECK(c.threads_per_row * 48 >= d.N);
   }
   // A row that no such config holds at 32 elements a thread keeps its 1024
-  // threads (or two passes), and unquantized rows are priced as before.
+  // threads (or two passes), token rows after a fused residual add their 64
+  // elements a thread, and unquantized rows are priced as before.
+  CHECK(pick("rms:bf16:4096x16384:quant=e4m3/token:res").second.threads_per_row * 48 < 16384);
   CHECK(pick("rms:bf16:16x65536:quant=e4m3/token").second.threads() > 512);
   CHECK(pick("rms:bf16:32x7168").second.str() ==
         heuristic_config(Op::Forward, make_desc(32, 7168), normjit_test::test_facts()).str());
