@@ -1,6 +1,6 @@
 // q transposed: qt[j, i] = q[i, j] for the FP8 codes of a quantized
-// forward (store_y_t past decode), q [M, N] with rows `ld` bytes apart, qt [N, M]
-// contiguous. A launch of its own after the row kernel, so that both sides
+// forward (store_y_t past decode), q [M, N] with rows `ld` bytes apart,
+// qt [N, M] contiguous. A launch of its own after the row kernel, so that both sides
 // move whole sectors: written from the row kernel, each column of a
 // program's rows left as one short strided store (2-16 bytes), and the L2
 // took one write request per column (11-26% of the copy). Included after

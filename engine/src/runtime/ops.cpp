@@ -38,7 +38,7 @@ void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardTenso
 
 int transpose_columns(const NormDesc& d, int sm_count) {
   // A decode-sized q is one row tile: 256-column tiles left 12 CTAs for
-  // 61 x 2880 (5.2 us to transpose).
+  // 61 x 2880 and took 5.2 us to transpose it, 16-column tiles 2.7 us.
   const std::int64_t row_tiles = (d.M + nj::qt_tile_rows() - 1) / nj::qt_tile_rows();
   int tc = nj::qt_tile_cols();
   while (tc > 16 && row_tiles * ((d.N + tc - 1) / tc) < sm_count) tc /= 2;
