@@ -10,9 +10,10 @@ travels: x and weight (and residual in, h out) in their dtypes, q at one byte
 an element, the scales. Per-tensor current scaling reads x twice (its amax
 launch, then the quantizing one) where one launch cannot hold the rows on
 chip: SOL% counts x once, and "SOL% x twice" counts that second read as the
-compulsory bytes it is past what the chip holds. With a fused residual add (res+) both sides write h = x + residual,
-the residual stream's next value. A "check" column gives the fraction of q codes that differ from the
-eager composition's (the composition rounds y to bf16 first, so a few differ).
+compulsory bytes it is past what the chip holds. With a fused residual add
+(res+) both sides write h = x + residual, the residual stream's next value.
+A "check" column gives the fraction of q codes that differ from the eager
+composition's (the composition rounds y to bf16 first, so a few differ).
 
     python3 tools/bench_fp8.py --json fp8.json --markdown fp8.md
 """

@@ -173,18 +173,25 @@ void LoadedKernel::launch_plain(CUfunction f, const char* what, unsigned grid, u
         __FILE__, __LINE__);
 }
 
+void LoadedKernel::launch_cluster(CUfunction f, const char* what, unsigned grid, unsigned grid_y, unsigned block,
+                                  unsigned cluster, CUstream stream, void** args) const {
+  CUlaunchAttribute at{};
+  CUlaunchConfig lc{};
+  cluster_config(lc, at, grid, block, stream, cluster);
+  lc.gridDimY = grid_y;
+  const CUresult r = cu().cuLaunchKernelEx(&lc, f, args, nullptr);
+  if (r != CUDA_SUCCESS)
+    throw_driver_error(r,
+                       fmt::format("cuLaunchKernelEx({}{}, grid {}x{} in clusters of {}, block {})", what, spec_.name(),
+                                   grid, grid_y, at.value.clusterDim.x, block)
+                           .c_str(),
+                       __FILE__, __LINE__);
+}
+
 void LoadedKernel::launch(unsigned grid, unsigned block, CUstream stream, void** args, unsigned grid_y) const {
   if (grid == 0 || grid_y == 0) return;
   if (spec_.cfg.cluster <= 1) return launch_plain(fn_, "", grid, grid_y, block, spec_.dynamic_smem(), stream, args);
-  CUlaunchAttribute at{};
-  CUlaunchConfig lc{};
-  cluster_config(lc, at, grid, block, stream);
-  lc.gridDimY = grid_y;
-  const CUresult r = cu().cuLaunchKernelEx(&lc, fn_, args, nullptr);
-  if (r != CUDA_SUCCESS)
-    throw_driver_error(
-        r, fmt::format("cuLaunchKernelEx({}, grid {}x{}, block {})", spec_.name(), grid, grid_y, block).c_str(),
-        __FILE__, __LINE__);
+  launch_cluster(fn_, "", grid, grid_y, block, 0, stream, args);
 }
 
 void LoadedKernel::launch_transpose(unsigned grid, unsigned grid_y, CUstream stream, void** args) const {
@@ -194,15 +201,7 @@ void LoadedKernel::launch_transpose(unsigned grid, unsigned grid_y, CUstream str
 
 void LoadedKernel::launch_once(unsigned ctas, unsigned block, CUstream stream, void** args) const {
   if (ctas <= 1) return launch_plain(once_, "normjit_norm_fwd_once of ", 1, 1, block, spec_.dynamic_smem(), stream, args);
-  CUlaunchAttribute at{};
-  CUlaunchConfig lc{};
-  cluster_config(lc, at, ctas, block, stream, ctas);
-  const CUresult r = cu().cuLaunchKernelEx(&lc, once_, args, nullptr);
-  if (r != CUDA_SUCCESS)
-    throw_driver_error(
-        r, fmt::format("cuLaunchKernelEx(normjit_norm_fwd_once of {}, a cluster of {}, block {})", spec_.name(), ctas, block)
-               .c_str(),
-        __FILE__, __LINE__);
+  launch_cluster(once_, "normjit_norm_fwd_once of ", ctas, 1, block, ctas, stream, args);
 }
 
 std::shared_ptr<const LoadedKernel> KernelCache::get(const KernelSpec& spec, const std::string& arch,

@@ -74,6 +74,9 @@ class LoadedKernel {
   // kernel, or "" for the spec's own) and the spec.
   void launch_plain(CUfunction f, const char* what, unsigned grid, unsigned grid_y, unsigned block, unsigned smem,
                     CUstream stream, void** args) const;
+  // cuLaunchKernelEx of the same, in clusters of `cluster` CTAs (0: the spec's size).
+  void launch_cluster(CUfunction f, const char* what, unsigned grid, unsigned grid_y, unsigned block, unsigned cluster,
+                      CUstream stream, void** args) const;
   KernelSpec spec_;
   CUmodule mod_ = nullptr;
   CUfunction fn_ = nullptr;
