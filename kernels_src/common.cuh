@@ -307,6 +307,14 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// The largest of a warp's lanes, in every lane (fmaxf: NaN drops out, as
+// amax ignores NaN).
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
 // Element offset of row `row` of a tensor with token stride ld and head
 // stride hs: 2-D rows (HEADS false) are row * ld; 3-D rows are token
 // row / heads, head row % heads (one division a row, not an element).

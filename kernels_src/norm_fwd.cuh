@@ -132,6 +132,7 @@ template <class S> struct FwdRow {
       hi = lo + S::N;
       x -= lo;
       y -= lo;
+      yo -= lo;  // y_hp's rows (quantized y) share y's layout
       if constexpr (S::RESIDUAL) r -= lo;
       if constexpr (S::STORE_RES) ro -= lo;
     }
@@ -296,6 +297,27 @@ template <class S> struct FwdRow {
     y[p] = from_float<typename S::y_t>(y_at(hv, 0, shift, m, rstd, wv, bv));
   }
 
+  // A quantized peeled row's edge at column p: y in fp32 as y_values gives
+  // it (or u * rstd, keep_u: as the row's KEEP_U chunks compute it), and
+  // |u| = |(h - shift - m) * w'| (the folded amax); weight at column p - lo.
+  __device__ __forceinline__ float w1(int p, const NormArgs& a) const {
+    Vec<typename S::w_t, S::VEC> wv;
+    if constexpr (S::HAS_W) wv.v[0] = static_cast<const typename S::w_t*>(a.w)[p - lo];
+    return S::HAS_W ? w_prime(wv, 0) : 1.f;
+  }
+  __device__ __forceinline__ float y1(int p, typename S::h_t h, float shift, float m, float rstd, const NormArgs& a,
+                                      bool keep_u) const {
+    Vec<typename S::h_t, S::VEC> hv;
+    Vec<typename S::w_t, S::VEC> wv, bv;
+    hv.v[0] = h;
+    if (keep_u) return to_float(h) * w1(p, a) * rstd;
+    if constexpr (S::HAS_W) wv.v[0] = static_cast<const typename S::w_t*>(a.w)[p - lo];
+    if constexpr (S::HAS_B) bv.v[0] = static_cast<const typename S::w_t*>(a.b)[p - lo];
+    float v = y_at(hv, 0, shift, m, rstd, wv, bv);
+    if constexpr (S::LLAMA) v = round_to<typename S::x_t>(v);
+    return v;
+  }
+
   // w' = w + W_OFFSET of element k of a chunk of the weight. Quantized rows
   // skip a zero offset: w + 0.f is an instruction an element (it turns -0
   // into +0); the other kernels keep the machine code their tuned entries
@@ -337,7 +359,7 @@ template <class S> struct FwdRow {
     for (int k = 0; k < S::VEC; ++k) {
       float v = (to_float(h.v[k]) - shift) - m;
       if constexpr (S::HAS_W) v *= w_prime(wv, k);
-      if (exact || col + k < S::N) r = fmaxf(r, fabsf(v));
+      if (exact || has(col + k)) r = fmaxf(r, fabsf(v));
     }
     return r;
   }
@@ -445,9 +467,12 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
   using L = nj::RowLayout<S::N + (PEEL ? S::VEC - 1 : 0), S::VEC, S::TPR, C>;
   constexpr bool EXACT = L::EXACT && !PEEL;
   static_assert(C == 1 || (S::ROWS == 1 && !S::TWO_PASS), "a cluster shares one row held in registers");
-  static_assert(C == 1 || QUANT == nj::Q_NONE, "quantized rows are not split over a cluster");
-  static_assert(!PEEL || (QUANT == nj::Q_NONE && nj::xgroup_of<S>() == 0), "peeled rows are neither FP8 in nor out");
+  // (Tensor scaling's one-launch kernel takes a cluster's CTAs as row
+  // groups: rows split over clusters take two launches, see norm_fwd.)
+  static_assert(C == 1 || !ONCE, "the one-launch kernel's clusters are row groups");
   constexpr bool GROUPED = QUANT == nj::Q_GROUP || QUANT == nj::Q_MX;
+  // Peeled rows: no FP8 x and no group scales (their groups start with the row).
+  static_assert(!PEEL || (!GROUPED && nj::xgroup_of<S>() == 0), "peeled rows have neither FP8 x nor group scales");
   // Weight and bias staged ahead of the stores (LaunchConfig::stages 1).
   constexpr bool STAGED = S::STAGES > 0;
   // A static scale that writes amax (delayed scaling) measures each row as it
@@ -483,8 +508,10 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
   constexpr bool KEEP_U = nj::keep_u_of<S>();
   static_assert(!KEEP_U || (QUANT != nj::Q_NONE && !S::LAYERNORM && !S::LLAMA && !S::HAS_B && !STAGED && C == 1),
                 "u is kept by unstaged quantized RMSNorm rows without the Llama cast or a bias");
+  // (Not LayerNorm's cluster rows: a CTA knows only its slice's mean when
+  // it sums the squared deviations.)
   constexpr bool FOLD = ROW_AMAX && (QUANT != nj::Q_TENSOR || KEEP_U) && !S::LLAMA && !S::HAS_B &&
-                        !(S::TWO_PASS && S::LAYERNORM);
+                        !(S::LAYERNORM && (S::TWO_PASS || C > 1));
   float ua = 0.f;  // FOLD: this thread's max|u| (a token row's, once reduced)
 
   const int lane = threadIdx.x % S::TPR;
@@ -505,7 +532,12 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
   // Cluster rows exchange one value per CTA (RMSNorm: the sum of squares;
   // LayerNorm: the slice's sum and M2). Set up before the loads, so the
   // cluster barrier that publishes the mbarriers overlaps them.
-  using Exchange = nj::ClusterExchange<C, S::LAYERNORM ? 2 : 1>;
+  // A token row's max|u| folded into its sums travels with them (XA); a
+  // token row that measures its amax after rstd exchanges it apart (in the
+  // first of the values).
+  constexpr bool XA = C > 1 && FOLD && QUANT == nj::Q_TOKEN;
+  constexpr int XK = (S::LAYERNORM ? 2 : 1) + (XA ? 1 : 0);
+  using Exchange = nj::ClusterExchange<C, XK>;
   __shared__ typename Exchange::Shared xsh;
   Exchange xc(xsh);
   if constexpr (C > 1) xc.init();
@@ -607,11 +639,12 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         }
       }
       if constexpr (KEEP_U) {
-        // Columns past N hold h = w = 0: their u is 0.
-        if ((UNGUARDED || valid) && tc.in(i)) {
+        // Columns past N hold h = w = 0: their u is 0 (a peeled row's partial
+        // chunks too: their elements are its edges, below).
+        if ((UNGUARDED || valid) && tc.in(i) && nj::whole_chunk<PEEL>(R, col)) {
           nj::Vec<w_t, S::VEC> w, b;
           if constexpr (PREFETCH_WB) w = wv[i];
-          else nj::load_wb<S>(a, col, EXACT, w, b, R.lo);
+          else nj::load_wb<S>(a, col, PEEL || EXACT, w, b, R.lo);
           R.u_values(hv[i], w, u[i]);
         } else {
 #pragma unroll
@@ -625,11 +658,11 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
           if (QUANT != nj::Q_TENSOR || measure) ua = fmaxf(ua, cm);
         }
       } else if constexpr (FOLD && !S::LAYERNORM) {
-        if (valid && tc.in(i)) {
+        if (valid && tc.in(i) && nj::whole_chunk<PEEL>(R, col)) {
           nj::Vec<w_t, S::VEC> w, b;
           if constexpr (PREFETCH_WB) w = wv[i];
-          else nj::load_wb<S>(a, col, EXACT, w, b, R.lo);
-          ua = fmaxf(ua, R.u_absmax(hv[i], col, EXACT, 0.f, 0.f, w));
+          else nj::load_wb<S>(a, col, PEEL || EXACT, w, b, R.lo);
+          ua = fmaxf(ua, R.u_absmax(hv[i], col, PEEL || EXACT, 0.f, 0.f, w));
         }
       }
     }
@@ -643,6 +676,10 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
           if (hp[e] >= 0) s[0] += f - shift;
         } else {
           s[0] += f * f;
+          // A quantized row's edges join its folded max|u|.
+          if constexpr (FOLD) {
+            if (valid && hp[e] >= 0 && (QUANT != nj::Q_TENSOR || measure)) ua = fmaxf(ua, fabsf(f * R.w1(hp[e], a)));
+          }
         }
       }
     }
@@ -691,11 +728,11 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
           if (EXACT || (tc.in(i) && (PEEL ? R.inner(col) : col + k < S::N))) s[0] += d * d;  // padding is not part of the row
         }
         if constexpr (FOLD) {
-          if (valid && tc.in(i)) {
+          if (valid && tc.in(i) && nj::whole_chunk<PEEL>(R, col)) {
             nj::Vec<w_t, S::VEC> w, b;
             if constexpr (PREFETCH_WB) w = wv[i];
-            else nj::load_wb<S>(a, col, EXACT, w, b, R.lo);
-            ua = fmaxf(ua, R.u_absmax(hv[i], col, EXACT, shift, m, w));
+            else nj::load_wb<S>(a, col, PEEL || EXACT, w, b, R.lo);
+            ua = fmaxf(ua, R.u_absmax(hv[i], col, PEEL || EXACT, shift, m, w));
           }
         }
       }
@@ -704,24 +741,32 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         for (int e = 0; e < XE; ++e) {
           const float d = (nj::to_float(he[e]) - shift) - m;
           if (hp[e] >= 0) s[0] += d * d;
+          if constexpr (FOLD) {
+            if (valid && hp[e] >= 0) ua = fmaxf(ua, fabsf(d * R.w1(hp[e], a)));
+          }
         }
       }
       reduce(s);
       if constexpr (C > 1) {
         // Chan et al.'s pairwise combination of the slices' (n, mean, M2):
         // exact and stable, one exchange.
-        float v[2] = {sum, s[0]};
+        float v[XK] = {sum, s[0]};
+        if constexpr (XA) v[XK - 1] = ua;
         xc.ready();
         xc.exchange(v);
         const int r = threadIdx.x % 32, nr = R.count(r * L::SLICE, (r + 1) * L::SLICE);
         m = nj::warp_sum(v[0]) * inv_n;
         const float dm = nr > 0 ? v[0] / nr - m : 0.f;
         s[0] = nj::warp_sum(r < C ? v[1] + nr * dm * dm : 0.f);
+        if constexpr (XA) ua = nj::warp_max(v[XK - 1]);
       }
     } else if constexpr (C > 1) {
+      float v[XK] = {s[0]};
+      if constexpr (XA) v[XK - 1] = ua;
       xc.ready();
-      xc.exchange(s);
-      s[0] = nj::warp_sum(s[0]);
+      xc.exchange(v);
+      s[0] = nj::warp_sum(v[0]);
+      if constexpr (XA) ua = nj::warp_max(v[XK - 1]);
     }
     rstd = rsqrtf(s[0] * inv_n + a.eps);
     float row_amax = 0.f;
@@ -737,13 +782,13 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
       } else if (QUANT == nj::Q_TOKEN || measure || STATIC_AMAX || ONCE) {
 #pragma unroll
         for (int i = 0; i < L::ITERS; ++i) {
-          if (valid && tc.in(i)) {
+          if (valid && tc.in(i) && nj::whole_chunk<PEEL>(R, tc.col(i))) {
             nj::Vec<w_t, S::VEC> w, b;
             if constexpr (PREFETCH_WB) {
               w = wv[i];
               b = bv[i];
             } else {
-              nj::load_wb<S>(a, tc.col(i), EXACT, w, b, R.lo);
+              nj::load_wb<S>(a, tc.col(i), PEEL || EXACT, w, b, R.lo);
             }
             float v[S::VEC];
             R.y_values(hv[i], shift, m, rstd, w, b, v);
@@ -754,13 +799,25 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
             }
           }
         }
+        if constexpr (PEEL) {
+#pragma unroll
+          for (int e = 0; e < XE; ++e)
+            if (valid && hp[e] >= 0) row_amax = fmaxf(row_amax, fabsf(R.y1(hp[e], he[e], shift, m, rstd, a, KEEP_U)));
+        }
       }
       if constexpr (STATIC_AMAX) amax_acc = fmaxf(amax_acc, row_amax);
       if (measure) {
         amax_acc = fmaxf(amax_acc, row_amax);
         return;
       }
-      if constexpr (QUANT == nj::Q_TOKEN && !FOLD) row_amax = S::Q::template row_max<S::TPR, S::ROWS>(row_amax);
+      if constexpr (QUANT == nj::Q_TOKEN && !FOLD) {
+        row_amax = S::Q::template row_max<S::TPR, S::ROWS>(row_amax);
+        if constexpr (C > 1) {  // and over the cluster's slices
+          float v[XK] = {row_amax};
+          xc.exchange(v);
+          row_amax = nj::warp_max(v[0]);
+        }
+      }
       if constexpr (ONCE) row_amax = S::Q::tensor_amax_once(row_amax, q);
     }
     float inv = 1.f;  // 1 / the scale a row or the tensor shares
@@ -768,7 +825,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     // Tensor scaling hands shared_inv_scale its amax in static_scale.
     if constexpr (QUANT == nj::Q_TENSOR) static_scale = ONCE ? row_amax : *q.amax;
     if constexpr (QUANT != nj::Q_NONE)
-      inv = S::Q::template shared_inv_scale<S>(q, row_amax, valid && lane == 0, row, static_scale);
+      inv = S::Q::template shared_inv_scale<S>(q, row_amax, valid && lane == 0 && c0 == 0, row, static_scale);
     // y of chunk i of the thread, given its weight and bias (staged kernels).
     auto store_chunk = [&](int i, const nj::Vec<w_t, S::VEC>& w, const nj::Vec<w_t, S::VEC>& b) {
       const int col = tc.col(i);
@@ -789,11 +846,11 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
       if constexpr (GROUPED) S::Q::template group_inv_scales<S>(q, um, rstd, row, valid, tc, ginv);
 #pragma unroll
       for (int i = 0; i < L::ITERS; ++i) {
-        if (valid && tc.in(i)) {
+        if (valid && tc.in(i) && nj::whole_chunk<PEEL>(R, tc.col(i))) {
           float v[S::VEC];
 #pragma unroll
           for (int k = 0; k < S::VEC; ++k) v[k] = u[i][k] * rstd;
-          S::Q::template store<S>(R, tc.col(i), EXACT, v, GROUPED ? ginv[i] : inv);
+          S::Q::template store<S>(R, tc.col(i), PEEL || EXACT, v, GROUPED ? ginv[i] : inv);
         }
       }
     } else if constexpr (!STAGED) {
@@ -822,7 +879,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
             }
             float gi = inv;
             if constexpr (GROUPED) gi = S::Q::template group_inv_scale<S>(q, v, col, row);
-            S::Q::template store<S>(R, col, EXACT, v, gi);
+            S::Q::template store<S>(R, col, PEEL || EXACT, v, gi);
           }
         }
       }
@@ -850,8 +907,12 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     }
     if constexpr (PEEL) {
 #pragma unroll
-      for (int e = 0; e < XE; ++e)
-        if (valid && hp[e] >= 0) R.store_y1(hp[e], he[e], shift, m, rstd, a);
+      for (int e = 0; e < XE; ++e) {
+        if (valid && hp[e] >= 0) {
+          if constexpr (QUANT == nj::Q_NONE) R.store_y1(hp[e], he[e], shift, m, rstd, a);
+          else S::Q::template store1<S>(R, hp[e], R.y1(hp[e], he[e], shift, m, rstd, a, KEEP_U), inv);
+        }
+      }
     }
   } else {
     // Wide rows without a cluster: too long for registers. Read the row
@@ -979,8 +1040,12 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
     if constexpr (nj::quant_of<S>() == nj::Q_TENSOR_STATIC) static_scale = *static_cast<const float*>(q.scale);
     norm_fwd_rows<S>(a, q, S::CLUSTER > 1 ? 0 : blockIdx.x, amax_acc, static_scale);
   } else if constexpr (nj::quant_of<S>() != nj::Q_TENSOR) {
-    for (long long g = blockIdx.x; g * S::ROWS < a.M; g += gridDim.x)
-      norm_fwd_rows<S>(a, q, g, amax_acc);
+    if constexpr (S::CLUSTER > 1) {
+      norm_fwd_rows<S>(a, q, 0, amax_acc);  // a cluster a row: the grid holds every row
+    } else {
+      for (long long g = blockIdx.x; g * S::ROWS < a.M; g += gridDim.x)
+        norm_fwd_rows<S>(a, q, g, amax_acc);
+    }
     S::Q::block_max_to(amax_acc, q.amax);
   } else {
     // Tensor scaling: phase 0 measures, 1 quantizes, walking the row groups
@@ -988,8 +1053,12 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
     // both (a loop a phase took 73-82 registers where one takes 64, and ran
     // a CTA an SM fewer); decode runs both in normjit_norm_fwd_once.
     const long long groups = (a.M + S::ROWS - 1) / S::ROWS;
-    for (long long k = blockIdx.x; k < groups; k += gridDim.x)
-      norm_fwd_rows<S>(a, q, q.phase == 1 ? groups - 1 - k : k, amax_acc);
+    if constexpr (S::CLUSTER > 1) {
+      norm_fwd_rows<S>(a, q, 0, amax_acc);  // a cluster a row, in both launches
+    } else {
+      for (long long k = blockIdx.x; k < groups; k += gridDim.x)
+        norm_fwd_rows<S>(a, q, q.phase == 1 ? groups - 1 - k : k, amax_acc);
+    }
     if (q.phase == 0) S::Q::block_max_to(amax_acc, q.amax);
   }
 }

@@ -111,12 +111,24 @@ struct QuantOps {
     Vec<typename S::yhp_t, S::VEC> hv;
 #pragma unroll
     for (int k = 0; k < S::VEC; ++k) hv.v[k] = from_float<typename S::yhp_t>(v[k]);
-    store_chunk<S::N, S::VEC>(static_cast<typename S::yhp_t*>(R.yhp) + R.yo, col, hv, exact);
+    R.st(static_cast<typename S::yhp_t*>(R.yhp) + R.yo, col, hv, exact);
+  }
+
+  // One element of a quantized y at column p (a peeled row's edge): its code,
+  // y_hp and transpose, as store does for a chunk.
+  template <class S, class Row> static __device__ __forceinline__ void store1(const Row& R, int p, float v, float inv) {
+    const typename S::y_t c = from_float<typename S::y_t>(v * inv);
+    R.y[p] = c;
+    if constexpr (S::STORE_YHP) (static_cast<typename S::yhp_t*>(R.yhp) + R.yo)[p] = from_float<typename S::yhp_t>(v);
+    if constexpr (S::STORE_YT) {
+      if (R.yt) static_cast<unsigned char*>(R.yt)[(long long)(p - R.lo) * R.M + R.row] = c.bits;
+    }
   }
 
   // Column j of the row's codes as element (j, row) of the [N, M]
   // transpose, a byte each (R.yt is set only at decode, where the engine
   // finds these strided bytes cheaper than a transpose launch of its own).
+  // `col`: a column of the row's view (a peeled row's column col - R.lo).
   template <class S, class Row>
   static __device__ __forceinline__ void store_yt(const Row& R, int col, bool exact, const unsigned char (&b)[S::VEC]) {
     if constexpr (S::STORE_YT) {
@@ -124,18 +136,19 @@ struct QuantOps {
       unsigned char* t = static_cast<unsigned char*>(R.yt) + R.row;
 #pragma unroll
       for (int k = 0; k < S::VEC; ++k)
-        if (exact || col + k < S::N) t[(long long)(col + k) * R.M] = b[k];
+        if (exact || R.has(col + k)) t[(long long)(col + k - R.lo) * R.M] = b[k];
     }
   }
 
   // Stores one chunk of a quantized y at column `col` of row R (an
-  // nj::FwdRow): the values `v` times `inv` = 1 / scale as FP8 codes, and
-  // y_hp and the transpose where the variant writes them.
+  // nj::FwdRow; a column of a peeled row's view): the values `v` times
+  // `inv` = 1 / scale as FP8 codes, and y_hp and the transpose where the
+  // variant writes them. `exact`: the chunk lies wholly inside the row.
   template <class S, class Row>
   static __device__ __forceinline__ void store(const Row& R, int col, bool exact, const float (&v)[S::VEC], float inv) {
     if constexpr (S::VEC % 4 == 0) {
       // Whole chunks as 32-bit words of four codes (fp8x4): no byte moves.
-      if (exact || col + S::VEC <= S::N) {
+      if (exact || R.inner(col)) {
         Vec<unsigned, S::VEC / 4> w;
 #pragma unroll
         for (int k = 0; k < S::VEC; k += 4)
@@ -145,8 +158,8 @@ struct QuantOps {
         if constexpr (S::STORE_YT) {
           // One row: its transpose [N, 1] is q's row itself, stored whole.
           unsigned char* t = static_cast<unsigned char*>(R.yt);
-          if (R.M == 1 && t && reinterpret_cast<unsigned long long>(t + col) % sizeof(w) == 0) {
-            *reinterpret_cast<Vec<unsigned, S::VEC / 4>*>(t + col) = w;
+          if (R.M == 1 && t && reinterpret_cast<unsigned long long>(t + col - R.lo) % sizeof(w) == 0) {
+            *reinterpret_cast<Vec<unsigned, S::VEC / 4>*>(t + col - R.lo) = w;
           } else {
             unsigned char b[S::VEC];
 #pragma unroll
@@ -158,7 +171,7 @@ struct QuantOps {
       }
     }
     const Vec<typename S::y_t, S::VEC> qv = quantize<typename S::y_t, S::VEC>(v, inv);
-    store_chunk<S::N, S::VEC>(R.y, col, qv, exact);
+    R.st(R.y, col, qv, exact);
     if constexpr (S::STORE_YHP) store_yhp<S>(R, col, exact, v);
     if constexpr (S::STORE_YT) {
       unsigned char b[S::VEC];

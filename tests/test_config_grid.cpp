@@ -250,10 +250,22 @@ TEST_CASE("config_grid: max_vec is 16 bytes of the widest dtype, capped by N and
   // Forward rows of plain dtypes peel instead: odd strides keep whole vectors.
   CHECK(max_vec(Op::Forward, make_desc(8, 3)) == 4);
   CHECK(max_vec(Op::Forward, make_desc(8, 100003)) == 8);
+  // Quantized rows whose scale is the row's or the tensor's peel too (FP8 y:
+  // 16-byte vectors of 16-bit x); group scales start with the row, and do not.
   NormDesc quant = make_desc(8, 100003);
   quant.quant = QuantScaling::Token;
   quant.y_dtype = DType::E4M3;
-  CHECK(max_vec(Op::Forward, quant) == 1);
+  CHECK(max_vec(Op::Forward, quant) == 8);
+  CHECK(peeled(Op::Forward, quant, 8));
+  quant.quant = QuantScaling::TensorStatic;
+  CHECK(max_vec(Op::Forward, quant) == 8);
+  NormDesc grouped = make_desc(8, 100000);
+  grouped.x_stride = grouped.y_stride = 100003;
+  grouped.quant = QuantScaling::Group;
+  grouped.quant_group = 16;
+  grouped.y_dtype = DType::E4M3;
+  CHECK(max_vec(Op::Forward, grouped) == 1);
+  CHECK_FALSE(peeled(Op::Forward, grouped, 8));
 }
 
 TEST_CASE("config_grid: forward rows whose strides are no multiple of vec are peeled") {
@@ -680,10 +692,13 @@ TEST_CASE("config_model: quantized rows take CTAs of at most 512 threads, token 
     CHECK(c.threads_per_row * 48 >= d.N);
   }
   // A row that no such config holds at 32 elements a thread keeps its 1024
-  // threads (or two passes), token rows after a fused residual add their 64
-  // elements a thread, and unquantized rows are priced as before.
+  // threads, or splits over a cluster (decode), token rows after a fused
+  // residual add their 64 elements a thread, and unquantized rows are priced
+  // as before.
   CHECK(pick("rms:bf16:4096x16384:quant=e4m3/token:res").second.threads_per_row * 48 < 16384);
-  CHECK(pick("rms:bf16:16x65536:quant=e4m3/token").second.threads() > 512);
+  const LaunchConfig wide = pick("rms:bf16:1024x65536:quant=e4m3/token").second;
+  CHECK((wide.threads() > 512 || wide.cluster > 1));
+  CHECK(pick("rms:bf16:16x65536:quant=e4m3/token").second.cluster > 1);
   CHECK(pick("rms:bf16:32x7168").second.str() ==
         heuristic_config(Op::Forward, make_desc(32, 7168), normjit_test::test_facts()).str());
 }

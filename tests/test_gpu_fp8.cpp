@@ -46,8 +46,11 @@ GPU_TEST_CASE("fp8: every quantized output and FP8 input matches float64 (forwar
               doctest::test_suite("quick")) {
   // A usual row (register cache), a row over 2 x 4096 elements of several
   // groups per thread, a decode row, and a two-pass row (LayerNorm's with
-  // its own variance path).
-  const std::pair<std::int64_t, std::int64_t> shapes[] = {{64, 4096}, {33, 7168}, {1, 2048}, {4, 131072}};
+  // its own variance path); odd N (rows peeled: vectors inside, edges one
+  // element at a time) in registers, at decode (q transposed by the row
+  // kernel) and in two passes.
+  const std::pair<std::int64_t, std::int64_t> shapes[] = {{64, 4096}, {33, 7168},  {1, 2048},
+                                                          {4, 131072}, {37, 5111}, {3, 2881}, {2, 131071}};
   {
     std::vector<Call> calls;
     for (auto [M, N] : shapes)
@@ -129,8 +132,13 @@ GPU_TEST_CASE("fp8: values past the FP8 range saturate; an upper bound on the pe
 GPU_TEST_CASE("fp8: every autotune candidate of two FP8 shapes matches float64") {
   const DeviceInfo dev = device_info(current_device());
   KernelCache jit(suite_kernel_dir());
+  // (Rows split over clusters: token rows, RMSNorm's amax measured after
+  // rstd with the Llama cast and exchanged apart, LayerNorm's; tensor
+  // scaling in two launches.)
   const char* specs[] = {"rms:bf16:160x7168:quant=e4m3/group128:colmajor",
-                         "ln:bf16:61x4096:x=e4m3/group16:quant=e4m3/tensor:transpose"};
+                         "ln:bf16:61x4096:x=e4m3/group16:quant=e4m3/tensor:transpose",
+                         "rms:bf16:5x16384:quant=e4m3/token:cast=llama", "ln:bf16:3x12288:quant=e5m2/token:nb",
+                         "rms:bf16:6x16384:quant=e4m3/tensor:yhp"};
   {
     std::vector<KernelSpec> ks;
     for (const char* spec : specs) {
@@ -141,7 +149,7 @@ GPU_TEST_CASE("fp8: every autotune candidate of two FP8 shapes matches float64")
     }
     compile_all(ks);
   }
-  for (const char* spec : specs) {
+  for (const std::string spec : specs) {
     const NormDesc d = detail::parse_shape_spec(spec).desc;
     CAPTURE(spec);
     for (Op op : {Op::Forward, Op::Backward}) {

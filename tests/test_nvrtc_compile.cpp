@@ -162,8 +162,16 @@ TEST_CASE("nvrtc: peeled rows compile on every kernel path") {
   for (const auto& v : norm_variants(64, 100003, DType::BF16)) add(v.desc, "v8.t1024.r1.2p");
   add(make_desc(8192, 77, DType::F16), "v8.t16.r4");
   add(make_desc(8192, 77, DType::F32), "v4.t32.r1");
-  MESSAGE(fmt::format("{} peeled specs", specs.size()));
-  CHECK(specs.size() >= 20);
+  // Quantized y scaled by the row or the tensor: registers (q transposed by
+  // the row kernel at decode, by its own launch past it) and two-pass.
+  const std::size_t unquantized = specs.size();
+  for (auto [M, N, c] : {std::tuple{4096, 12345, "v8.t256.r1"}, std::tuple{3, 2881, "v8.t128.r1"},
+                         std::tuple{2, 100003, "v8.t1024.r1.2p"}})
+    for (const auto& v : fp8_variants(M, N, DType::BF16))
+      if (v.desc.quant != QuantScaling::None) add(v.desc, c);
+  MESSAGE(fmt::format("{} peeled specs, {} quantized", specs.size(), specs.size() - unquantized));
+  CHECK(specs.size() - unquantized >= 20);
+  CHECK(specs.size() >= 40);
   CHECK(std::all_of(specs.begin(), specs.end(), [](const KernelSpec& k) { return k.peel; }));
   check_compiles_for_sm90(specs);
 }
@@ -231,6 +239,18 @@ TEST_CASE("nvrtc: every FP8 variant compiles for sm_80 (software conversions), s
         for (const auto& cfg : {grid.front(), grid.back(), heuristic_config(op, v.desc, normjit_test::test_facts(8))})
           if (KernelSpec s = make_spec(op, v.desc, cfg); seen.insert(s.name()).second) specs.push_back(s);
       }
+  // Quantized rows split over a cluster (decode rows of 16K), every variant
+  // (tensor scaling's without the one-launch kernel: its clusters are row groups).
+  for (const auto& v : fp8_variants(4, 16384, DType::BF16)) {
+    const LaunchConfig c = LaunchConfig::parse("v8.t256.r1.c8");
+    if (v.desc.quant == QuantScaling::None) continue;
+    CAPTURE(v.name);
+    REQUIRE(config_valid(Op::Forward, v.desc, c, nullptr, 8));
+    KernelSpec s = make_spec(Op::Forward, v.desc, c);
+    CHECK(s.once_kernel_name() == nullptr);
+    if (seen.insert(s.name()).second) specs.push_back(s);
+  }
+  CHECK(std::count_if(specs.begin(), specs.end(), [](const KernelSpec& s) { return s.cfg.cluster > 1; }) >= 20);
   CHECK(std::count_if(specs.begin(), specs.end(), [](const KernelSpec& s) { return s.cfg.two_pass; }) > 0);
   const std::string archs[] = {"sm_80", "sm_89", "sm_90"};
   const int jobs = static_cast<int>(specs.size()) * 3;

@@ -151,6 +151,12 @@ std::vector<Variant> fp8_variants(std::int64_t M, std::int64_t N, DType t) {
   };
   std::vector<Variant> out;
   for (const auto& [norm, opts] : sets) {
+    // Groups (of y's scales, MX blocks, x's scales) must divide N: an odd N
+    // keeps the other variants (the groups read from the spec at N = 128).
+    const normjit::NormDesc g =
+        normjit::detail::parse_shape_spec(fmt::format("{}:{}:1x128{}", norm, dtype_name(t), opts)).desc;
+    const int group = g.quant == normjit::QuantScaling::MX ? 32 : g.quant == normjit::QuantScaling::Group ? g.quant_group : 0;
+    if ((group && N % group) || (normjit::is_fp8(g.x_dtype) && N % g.x_group)) continue;
     const std::string spec = fmt::format("{}:{}:{}x{}{}", norm, dtype_name(t), M, N, opts);
     out.push_back({spec, normjit::detail::parse_shape_spec(spec).desc});
   }

@@ -148,8 +148,9 @@ LoadedKernel::LoadedKernel(const KernelSpec& spec, const KernelBinary& bin) : sp
       CUlaunchConfig lc{};
       cluster_config(lc, at, 16, static_cast<unsigned>(spec.threads()), nullptr, 1);
       at.id = CU_LAUNCH_ATTRIBUTE_IGNORE;  // the query asks for the size; it takes no cluster dimension
+      // A driver that cannot answer leaves it one program (two phases, no cluster).
       int n = 0;
-      NJ_CU(cuOccupancyMaxPotentialClusterSize(&n, once_, &lc));
+      if (cu().cuOccupancyMaxPotentialClusterSize(&n, once_, &lc) != CUDA_SUCCESS) n = 1;
       once_ctas = std::max(1, n);
       span.args["once_ctas"] = std::to_string(once_ctas);
     }

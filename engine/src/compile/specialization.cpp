@@ -57,7 +57,9 @@ const char* KernelSpec::transpose_kernel_name() const {
 }
 
 const char* KernelSpec::once_kernel_name() const {
-  return kind == KernelKind::Forward && v.quant == QuantScaling::Tensor ? "normjit_norm_fwd_once" : nullptr;
+  // (Rows split over clusters measure and quantize in two launches.)
+  return kind == KernelKind::Forward && v.quant == QuantScaling::Tensor && cfg.cluster <= 1 ? "normjit_norm_fwd_once"
+                                                                                            : nullptr;
 }
 
 const char* KernelSpec::template_file() const {

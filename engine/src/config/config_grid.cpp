@@ -27,10 +27,10 @@ std::int64_t slice_columns(std::int64_t N, const LaunchConfig& c) {
 }
 
 namespace {
-// Forward rows of plain dtypes: the quantized and FP8-input paths keep their
-// groups aligned to the row's start, so they never peel.
+// Forward rows, but not those with groups aligned to the row's start (FP8
+// x's scale groups, y's group and MX scales): those never peel.
 bool peelable(Op op, const NormDesc& d) {
-  return op == Op::Forward && d.quant == QuantScaling::None && !is_fp8(d.x_dtype);
+  return op == Op::Forward && d.quant != QuantScaling::Group && d.quant != QuantScaling::MX && !is_fp8(d.x_dtype);
 }
 }  // namespace
 
@@ -129,7 +129,9 @@ std::string geometry_rule(Op op, const NormDesc& d, const Variant& v, const Laun
 // Quantized rows and FP8 x: vectors within a group.
 std::string quant_rule(Op op, const NormDesc& d, const Variant& v, const LaunchConfig& c) {
   if (op == Op::Forward && d.quant != QuantScaling::None) {
-    if (c.cluster > 1) return "quantized rows are not split over a cluster";
+    // A cluster's CTAs hold whole groups.
+    if (c.cluster > 1 && v.qgroup && slice_columns(d.N, c) % v.qgroup)
+      return fmt::format("a cluster of {} splits the row's groups of {}", c.cluster, v.qgroup);
     // A group's lanes find its amax with shuffles: whole vectors, one warp at most.
     if (v.qgroup && (v.qgroup % c.vec || v.qgroup / c.vec > 32))
       return fmt::format("a quantization group of {} is not 1..32 whole vectors of {}", v.qgroup, c.vec);
@@ -372,10 +374,11 @@ LaunchConfig fit_forward_alignment(const LaunchConfig& cfg, const NormDesc& d, c
   auto flat = [&](const void* p, DType type, std::int64_t ld) {
     return RowPointer{p, type, H > 1 ? H * ld : ld, H > 1 ? ld : 0};
   };
-  return fit_alignment(cfg, Op::Forward, d,
-                       {{t.weight, d.weight_dtype}, {t.bias, d.weight_dtype}, {t.y_hp, d.y_hp_dtype}}, {},
+  // y_hp's rows are laid out as y's.
+  return fit_alignment(cfg, Op::Forward, d, {{t.weight, d.weight_dtype}, {t.bias, d.weight_dtype}}, {},
                        {{t.x, d.x_dtype, d.x_ld(), H > 1 ? d.x_hs() : 0},
                         {t.y, d.y_dtype, d.y_ld(), H > 1 ? d.y_hs() : 0},
+                        {t.y_hp, d.y_hp_dtype, d.y_ld(), H > 1 ? d.y_hs() : 0},
                         flat(t.residual, d.residual_dtype, d.residual ? d.residual_ld() : 0),
                         flat(t.residual_out, d.residual_out_dtype, d.store_residual_out ? d.residual_out_ld() : 0)});
 }

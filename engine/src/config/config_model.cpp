@@ -157,10 +157,10 @@ double forward_ns(const NormDesc& d, const Variant& v, const LaunchConfig& c, co
   const double round = T.round_ns(t1, conc, bytes, sm_bytes, std::min<double>(T.sms, conc), true);
   const double t = rounds_of(ctas, slots, p[kTail]) * round + p[kCta] * std::ceil(ctas / T.sms);
   // Tensor (current) scaling runs in one launch only where one cluster holds
-  // a program for every row group (launch_rows); else amax is zeroed, then
-  // a pass measures it and a second quantizes: a second launch's latency
-  // and the rows read again.
-  if (v.quant == QuantScaling::Tensor && T.needed > dev.max_cluster) return 2 * t;
+  // a program for every row group (launch_rows; not rows split over
+  // clusters); else amax is zeroed, then a pass measures it and a second
+  // quantizes: a second launch's latency and the rows read again.
+  if (v.quant == QuantScaling::Tensor && (T.needed > dev.max_cluster || T.cl > 1)) return 2 * t;
   return t;
 }
 
@@ -232,7 +232,9 @@ struct QuantCaps {
   bool threads = false, token = false;  // the rules that apply to a grid
 };
 
-std::int64_t elems_per_thread(const NormDesc& d, const LaunchConfig& c) { return ceil_div(d.N, c.threads_per_row); }
+std::int64_t elems_per_thread(const NormDesc& d, const LaunchConfig& c) {
+  return ceil_div(ceil_div(d.N, c.row_split()), c.threads_per_row);  // a cluster's CTA: its slice
+}
 
 bool one_pass(const LaunchConfig& c) { return !c.two_pass && c.row_split() == 1; }
 

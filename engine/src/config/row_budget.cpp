@@ -69,7 +69,8 @@ int staged_registers(const Variant& v, int bytes) {
 }  // namespace
 
 bool keeps_u_rows(const Variant& v, const LaunchConfig& c, int N, bool peel) {
-  if (!keeps_u(v) || c.stages || c.two_pass) return false;
+  // (A cluster's slices: group scales of kept u index groups from the row's start.)
+  if (!keeps_u(v) || c.stages || c.two_pass || c.row_split() > 1) return false;
   // Only where an SM still holds two CTAs: one CTA an SM cannot overlap a
   // row's stores with another row's loads (a 512-thread token row of 16384
   // keeping u took 74 registers, one CTA an SM, where 64 fit two: 0.72x the

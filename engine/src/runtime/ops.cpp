@@ -46,6 +46,8 @@ int transpose_columns(const NormDesc& d, int sm_count) {
 }
 
 unsigned amax_grid(const LoadedKernel& k, const Geometry& g, int sm_count) {
+  // Rows split over clusters take the whole grid, a cluster a row.
+  if (k.spec().cfg.cluster > 1) return g.grid;
   return std::min(g.grid, static_cast<unsigned>(std::max(1, sm_count * k.blocks_per_sm)));
 }
 

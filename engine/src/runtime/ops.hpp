@@ -30,7 +30,8 @@ void launch_forward(const LoadedKernel& k, const NormDesc& d, const nj::NormArgs
 /// of `sm_count` SMs a CTA.
 int transpose_columns(const NormDesc& d, int sm_count);
 /// Grid of the amax pass of per-tensor current scaling: resident-sized, so
-/// few programs meet in its one atomic.
+/// few programs meet in its one atomic; rows split over clusters (a static
+/// scale that writes amax): the whole grid, a cluster a row.
 unsigned amax_grid(const LoadedKernel& k, const Geometry& g, int sm_count);
 
 /// The persistent grid of the backward under `cfg`, whose kernel (compiled
