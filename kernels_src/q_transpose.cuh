@@ -39,6 +39,23 @@ __device__ __forceinline__ void store_slot(unsigned char* slot, int k0, int k1, 
   }
 }
 
+// The 16 bytes at p (mis = p % 16 > 0; only the first `need` are used) from
+// the aligned 16-byte words that hold them: an odd N starts q's rows
+// anywhere, and byte loads took 61 x 2881 5.5 us to transpose. A word
+// holding one of q's bytes lies inside q's allocation (16-byte granules);
+// the second is read only where a needed byte lies in it.
+__device__ __forceinline__ uint4 load_misaligned16(const unsigned char* p, int mis, int need) {
+  const uint4* a = reinterpret_cast<const uint4*>(p - mis);
+  const uint4 lo = a[0], hi = mis + need > 16 ? a[1] : make_uint4(0u, 0u, 0u, 0u);
+  const unsigned u[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  const int s = mis / 4, sh = 8 * (mis % 4);
+  unsigned o[5];
+#pragma unroll
+  for (int k = 0; k < 5; ++k) o[k] = s == 0 ? u[k] : s == 1 ? u[k + 1] : s == 2 ? u[k + 2] : u[k + 3];
+  return make_uint4(__funnelshift_r(o[0], o[1], sh), __funnelshift_r(o[1], o[2], sh), __funnelshift_r(o[2], o[3], sh),
+                    __funnelshift_r(o[3], o[4], sh));
+}
+
 // Whole runs of qt rows c0 .. c0 + cols - 1 (q's tile rows 0 .. TR - 1, at
 // r0), each aligned to P bytes: item i is P-byte piece i % (TR / P) of the
 // run of column i / (TR / P).
@@ -87,12 +104,11 @@ normjit_q_transpose(const unsigned char* __restrict__ q, unsigned char* __restri
     v[k] = make_uint4(0u, 0u, 0u, 0u);
     if (row < M && 16 * seg < cols) {
       const unsigned char* p = q + row * ld + col;
-      if (col + 16 <= N && reinterpret_cast<unsigned long long>(p) % 16 == 0) {
-        v[k] = *reinterpret_cast<const uint4*>(p);
+      const int mis = static_cast<int>(reinterpret_cast<unsigned long long>(p) % 16);
+      if (mis == 0) {
+        v[k] = *reinterpret_cast<const uint4*>(p);  // (bytes past N: columns no store reads)
       } else {
-        unsigned w[4] = {0u, 0u, 0u, 0u};
-        for (int b = 0; b < 16 && col + b < N; ++b) w[b / 4] |= static_cast<unsigned>(p[b]) << (8 * (b % 4));
-        v[k] = make_uint4(w[0], w[1], w[2], w[3]);
+        v[k] = nj::load_misaligned16(p, mis, col + 16 <= N ? 16 : N - col);
       }
     }
   }

@@ -79,9 +79,11 @@ def test_rms_norm_fp8_matches_float64(quant, fp8):
 # q transposed: one row (the row itself), the row kernel's bytes (M x N <= 2^15),
 # the transpose launch (whole tiles, and partial ones both ways with M no multiple of 16;
 # an odd M within one tile of rows, whose columns' runs lie back to back; 256-column
-# tiles where the row tiles are enough to fill the SMs: M a multiple of 16, of 8, and odd).
+# tiles where the row tiles are enough to fill the SMs: M a multiple of 16, of 8, and odd;
+# odd N, whose q rows start anywhere: peeled rows, and the transpose's misaligned loads).
 @pytest.mark.parametrize("M,N", [(1, 2048), (7, 2048), (128, 2048), (130, 1000), (61, 1000), (1024, 2304),
-                                 (1032, 2304), (1031, 2300), (37, 5111), (3, 2881)])
+                                 (1032, 2304), (1031, 2300), (37, 5111), (3, 2881),
+                                 (200, 2881)])
 def test_rms_norm_fp8_residual_transpose_and_static_scale(M, N):
     x = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
     r = torch.randn(M, N, device=DEV, dtype=torch.bfloat16)
