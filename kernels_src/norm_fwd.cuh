@@ -51,6 +51,18 @@ template <class S> constexpr bool store_amax_of() { return store_amax_or<S>(0) !
 template <class S> constexpr auto keep_u_or(int) -> decltype(S::KEEP_U + 0) { return S::KEEP_U; }
 template <class S> constexpr bool keep_u_or(long) { return false; }
 template <class S> constexpr bool keep_u_of() { return keep_u_or<S>(0) != 0; }
+// Whether norm_fwd_rows<S> reduces its rows' max|u| with their sums (its
+// ROW_FOLD; FOLD written out, see there).
+template <class S> constexpr bool row_fold_of() {
+  constexpr int QUANT = quant_of<S>();
+  constexpr bool STATIC_AMAX = store_amax_of<S>();
+  constexpr bool ROW_AMAX = QUANT == Q_TOKEN || QUANT == Q_TENSOR || STATIC_AMAX;
+  constexpr bool FOLD = ROW_AMAX && (QUANT != Q_TENSOR || keep_u_of<S>()) && !S::LLAMA && !S::HAS_B &&
+                        !(S::LAYERNORM && (S::TWO_PASS || S::CLUSTER > 1));
+  using L = RowLayout<S::N + (peel_of<S>() ? S::VEC - 1 : 0), S::VEC, S::TPR, S::CLUSTER>;
+  constexpr bool SHORT = !S::TWO_PASS && S::ROWS == 1 && L::ITERS * S::VEC <= 32;
+  return FOLD && (QUANT == Q_TOKEN || (STATIC_AMAX && SHORT));
+}
 
 // Staged kernels' weight staging (WB_WITH_ROW, WB_BATCH: only their preludes
 // define them, so the unstaged kernels' sources stay what they were).
@@ -510,8 +522,18 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
                 "u is kept by unstaged quantized RMSNorm rows without the Llama cast or a bias");
   // (Not LayerNorm's cluster rows: a CTA knows only its slice's mean when
   // it sums the squared deviations.)
+  // (The one-launch kernel of tensor scaling does not fold: where it did, it
+  // loaded the weight in both passes, and 32x7168 took 4.4 us, not 3.95.)
   constexpr bool FOLD = ROW_AMAX && (QUANT != nj::Q_TENSOR || KEEP_U) && !S::LLAMA && !S::HAS_B &&
                         !(S::LAYERNORM && (S::TWO_PASS || C > 1));
+  // The rows whose max|u| rides with their sums' reduction (every thread of
+  // the row then holds the row's): token rows, and a static scale's that
+  // writes amax, one row a program of up to 32 elements a thread: that
+  // spares the launch's block reduction after its rows (H200, CUPTI:
+  // 1x4096 2.62 -> 2.40 us, 61x2880 2.72 -> 2.46, 32x7168 2.91 -> 2.59;
+  // rows of 64 elements a thread ran slower, 4096x16384 56.5 -> 62.9).
+  constexpr bool ROW_FOLD = nj::row_fold_of<S>();
+  static_assert(!ROW_FOLD || FOLD, "row_fold_of folds only where FOLD does");
   float ua = 0.f;  // FOLD: this thread's max|u| (a token row's, once reduced)
 
   const int lane = threadIdx.x % S::TPR;
@@ -697,9 +719,9 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         }
       }
     }
-    // (A token row's max|u| with the sums that hold it: see FOLD.)
+    // (A row's max|u| with the sums that hold it: see FOLD, ROW_FOLD.)
     auto reduce = [&](auto& sums) {
-      if constexpr (FOLD && QUANT == nj::Q_TOKEN) {
+      if constexpr (ROW_FOLD) {
         __shared__ float red_a[S::ROWS][nj::kWarpsPerRow<S::TPR>][2];
         float v2[2] = {sums[0], ua};
         nj::row_reduce<S::TPR, S::ROWS, 2, 1>(v2, red_a);
@@ -944,7 +966,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         }
       }
     }
-    if constexpr (FOLD && QUANT == nj::Q_TOKEN) {
+    if constexpr (ROW_FOLD) {
       __shared__ float red_a[S::ROWS][nj::kWarpsPerRow<S::TPR>][3];
       float v3[3] = {s[0], s[1], ua};
       nj::row_reduce<S::TPR, S::ROWS, 3, 1>(v3, red_a);
@@ -1046,7 +1068,8 @@ template <class S> __device__ __forceinline__ void norm_fwd(const nj::NormArgs& 
       for (long long g = blockIdx.x; g * S::ROWS < a.M; g += gridDim.x)
         norm_fwd_rows<S>(a, q, g, amax_acc);
     }
-    S::Q::block_max_to(amax_acc, q.amax);
+    // (One row a program, reduced with its sums: every thread holds the block's amax.)
+    S::Q::template block_max_to<nj::row_fold_of<S>()>(amax_acc, q.amax);
   } else {
     // Tensor scaling: phase 0 measures, 1 quantizes, walking the row groups
     // last-measured first: those rows are the ones still in L2. One loop for

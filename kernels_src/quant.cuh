@@ -60,8 +60,9 @@ struct QuantOps {
   // order as their bit patterns, so an unsigned atomicMax is a float max. A
   // grid of one program stores it instead: the engine then sets no zero
   // first (a memset is a GPU operation of its own, about 1 us at decode).
-  static __device__ __forceinline__ void block_max_to(float v, float* out) {
-    const float m = block_max(v);
+  // UNIFORM: v is the block's max in every thread already (no reduction).
+  template <bool UNIFORM = false> static __device__ __forceinline__ void block_max_to(float v, float* out) {
+    const float m = UNIFORM ? v : block_max(v);
     if (threadIdx.x == 0) {
       if (gridDim.x == 1) *out = m;
       else atomicMax(reinterpret_cast<unsigned*>(out), __float_as_uint(m));
