@@ -268,13 +268,13 @@ GPU_TEST_CASE("the kernel clock records each copy and kernel of a region, and no
   DeviceBuffer a(1 << 20), b(1 << 20);
   const DeviceBuffer flush = make_flush_buffer(dev);
   NJ_CU(cuCtxSynchronize());
-  clock->begin();
+  clock->begin(dev.device);
   for (int i = 0; i < 3; ++i) {
     NJ_CU(cuMemsetD32Async(flush.get(), i, flush.bytes() / 4, nullptr));  // not recorded
     NJ_CU(cuMemcpyDtoDAsync(b.get(), a.get(), a.bytes(), nullptr));
   }
   NJ_CU(cuCtxSynchronize());
-  const auto acts = clock->end();
+  const auto acts = clock->end(dev.device);
   REQUIRE(acts.size() == 3);
   for (std::size_t i = 0; i < acts.size(); ++i) {
     CHECK(acts[i].end > acts[i].start);

@@ -45,8 +45,9 @@ bool require_gpu(const char* what);
 void sort_by_time(std::vector<CandidateTiming>& c);
 
 // The subcommands: each returns the exit code. tune.cpp and tune_grid.cpp.
+// devices: tune --devices (empty: the current device only).
 int cmd_tune(Engine& engine, const ShapeOptions& so, bool vs_untuned, const std::string& json_path, bool retune,
-             bool list, bool whole_grid);
+             bool list, bool whole_grid, const std::vector<int>& devices);
 int cmd_tune_grid(Engine& engine, const std::string& grid_path, bool list, double max_seconds, int workers);
 
 // explain.cpp.

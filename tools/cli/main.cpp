@@ -2,6 +2,7 @@
 //
 //   normjit tune    --model config.json [--tokens 1,1024,8192] [--list] [--retune] | --shape rms:bf16:8192x4096 ...
 //                   [--vs-untuned --json out.json]
+//                   [--devices 0,1,...]
 //   normjit tune    --grid autotune_cache/grid/grid.json [--list] [--max-seconds S]
 //   normjit explain --shape rms:bf16:8192x4096 ...
 //   normjit bench   --model config.json | --shape ... [--json out.json]
@@ -48,6 +49,7 @@ struct TuneArgs {
   std::string json, grid;
   double max_seconds = 1e9;
   int workers = 4;
+  std::vector<int> devices;
 };
 
 void add_tune_command(CLI::App& app, TuneArgs& a) {
@@ -72,6 +74,12 @@ void add_tune_command(CLI::App& app, TuneArgs& a) {
                  "With --model: tune every shape, also those with a current tuned entry for this GPU (skipped otherwise)");
   tune->add_option("--max-seconds", a.max_seconds, "With --grid: stop starting new shapes after this long")
       ->check(CLI::PositiveNumber);
+  tune->add_option("--devices", a.devices,
+                   "Tune on these GPUs (ordinals, e.g. 0,1,2,3) in parallel, a thread each: GPUs of one kind share the "
+                   "shapes and one tuned-cache file, each kind tunes them all (default: the current GPU)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1023))
+      ->excludes(a.cmd->get_option("--grid"));
 }
 
 struct ExplainArgs {
@@ -180,7 +188,8 @@ int dispatch(Engine& engine, const CliArgs& a) {
   const TuneArgs& t = a.tune;
   const CacheArgs& c = a.cache;
   if (t.cmd->parsed() && !t.grid.empty()) return cmd_tune_grid(engine, t.grid, t.list, t.max_seconds, t.workers);
-  if (t.cmd->parsed()) return cmd_tune(engine, t.shapes, t.vs_untuned, t.json, t.retune, t.list, t.whole_grid);
+  if (t.cmd->parsed())
+    return cmd_tune(engine, t.shapes, t.vs_untuned, t.json, t.retune, t.list, t.whole_grid, t.devices);
   if (a.explain.cmd->parsed()) return cmd_explain(engine, a.explain.shapes, a.explain.device);
   if (a.bench.cmd->parsed()) return cmd_bench(engine, a.bench.shapes, a.bench.json, a.bench.reps, !a.bench.no_check);
   if (a.compile.cmd->parsed()) return cmd_compile(engine, a.compile.shapes, a.compile.arch);

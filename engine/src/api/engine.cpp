@@ -36,7 +36,7 @@ struct Engine::Impl {
 
   struct DeviceState {
     DeviceInfo info;
-    std::unique_ptr<TunedCache> tuned;
+    std::shared_ptr<TunedCache> tuned;  // one per device kind (tuned_by_kind)
     std::map<std::string, LaunchConfig> resolved;  // shape key -> config, this engine
     std::unordered_map<PlanKey, std::shared_ptr<const Plan>, PlanKeyHash> plans;  // see plan.hpp
   };
@@ -46,6 +46,7 @@ struct Engine::Impl {
   static constexpr std::size_t kMaxPlans = 8192;
   std::mutex mu;
   std::map<CUdevice, std::unique_ptr<DeviceState>> devices;
+  std::map<std::string, std::shared_ptr<TunedCache>> tuned_by_kind;  // DeviceFingerprint::key()
   // Set once a device's state exists: until then no plan does, and a call
   // need not ask the driver for its device (bad input needs no GPU).
   std::atomic<bool> any_device{false};
@@ -65,7 +66,8 @@ struct Engine::Impl {
     return d;
   }
 
-  // Caller holds mu.
+  // Caller holds mu. A device's state lives as long as the engine (threads
+  // keep references to it while tuning without mu).
   DeviceState& state() { return state(current_device()); }
   DeviceState& state(CUdevice dev) {
     auto& st = devices[dev];
@@ -74,16 +76,26 @@ struct Engine::Impl {
       st->info = device_info(dev);
       DeviceFingerprint fp{st->info.name, st->info.cc_major, st->info.cc_minor, st->info.sm_count, st->info.l2_bytes,
                            st->info.memory_gbps};
-      int driver = 0;
-      cu().cuDriverGetVersion(&driver);
-      CacheMetadata md{NORMJIT_VERSION_STRING, kernel_source_hash(), nvrtc_version_or_empty(), driver};
-      st->tuned = std::make_unique<TunedCache>(root + "/tuned", shipped_dirs(), fp, md);
+      // Devices of one kind share one tuned cache (one file): an entry
+      // tuned on either serves both.
+      auto& shared = tuned_by_kind[fp.key()];
+      if (!shared) {
+        int driver = 0;
+        cu().cuDriverGetVersion(&driver);
+        CacheMetadata md{NORMJIT_VERSION_STRING, kernel_source_hash(), nvrtc_version_or_empty(), driver};
+        shared = std::make_shared<TunedCache>(root + "/tuned", shipped_dirs(), fp, md);
+      }
+      st->tuned = shared;
       any_device = true;
     }
     return *st;
   }
 
-  TuneResult tune_and_store(DeviceState& st, Op op, const NormDesc& d, bool whole_grid = false) {
+  // Caller holds mu through `lk`, released while the shape is tuned (the
+  // compiles and timings of one device need not stop another device's
+  // calls, nor this one's other shapes) and held again to store the result.
+  TuneResult tune_and_store(std::unique_lock<std::mutex>& lk, DeviceState& st, Op op, const NormDesc& d,
+                            bool whole_grid = false) {
     ProgressFn progress;
     if (opt.verbose)
       progress = [&](int done, int total, const std::string& text) {
@@ -94,7 +106,15 @@ struct Engine::Impl {
     trace::Span span("tune", op_label(op, d.norm) + " " + d.str());
     TuneOptions to;
     to.local = !whole_grid;
-    TuneResult r = autotune(op, d, st.info, jit, progress, to);
+    lk.unlock();
+    TuneResult r;
+    try {
+      r = autotune(op, d, st.info, jit, progress, to);
+    } catch (...) {
+      lk.lock();
+      throw;
+    }
+    lk.lock();
     if (trace::enabled()) {
       span.args = {{"winner", r.winner.str()}, {"winner_us", fmt::format("{:.2f}", r.winner_us)},
                    {"candidates", std::to_string(r.candidates.size())}};
@@ -147,7 +167,8 @@ struct Engine::Impl {
   // Caller holds mu. Memory, then caches (unless policy Always), then tuning
   // (policy permitting), then a neighbour or the heuristic.
   // `key`: shape_key(op, d), derived once by the caller.
-  LaunchConfig resolve_config(DeviceState& st, Op op, const NormDesc& d, const std::string& key, ConfigSource* src) {
+  LaunchConfig resolve_config(std::unique_lock<std::mutex>& lk, DeviceState& st, Op op, const NormDesc& d,
+                              const std::string& key, ConfigSource* src) {
     ConfigSource s = ConfigSource::Memory;
     LaunchConfig cfg;
     if (auto it = st.resolved.find(key); it != st.resolved.end()) {
@@ -164,7 +185,7 @@ struct Engine::Impl {
                                   "policy '{}'): ship a tuned cache holding it, or use NORMJIT_TUNE=never",
                                   key, opt.tune_policy == TunePolicy::Always ? "always" : "first"),
                       op_label(op, d.norm), d.str());
-        cfg = tune_and_store(st, op, d).winner;
+        cfg = tune_and_store(lk, st, op, d).winner;
         s = ConfigSource::Tuned;
       }
       st.resolved[key] = cfg;
@@ -187,8 +208,8 @@ std::vector<std::string> Engine::shipped_cache_dirs() const { return impl_->ship
 
 LaunchConfig Engine::config_for(Op op, const NormDesc& d, ConfigSource* source) {
   d.validate();
-  std::lock_guard<std::mutex> lk(impl_->mu);
-  return impl_->resolve_config(impl_->state(), op, d, shape_key(op, d), source);
+  std::unique_lock<std::mutex> lk(impl_->mu);
+  return impl_->resolve_config(lk, impl_->state(), op, d, shape_key(op, d), source);
 }
 
 ConfigExplanation Engine::explain(Op op, const NormDesc& d, bool skip_exact) {
@@ -203,16 +224,16 @@ TuneResult Engine::tune(Op op, const NormDesc& d, bool whole_grid) {
   if (offline_mode())
     throw Error(ErrorKind::Cache, "NORMJIT_OFFLINE=1: tuning is off", op_label(op, d.norm), d.str());
   if (d.M == 0) throw Error(ErrorKind::InvalidArgument, "M = 0: nothing to tune", op_label(op, d.norm), d.str());
-  std::lock_guard<std::mutex> lk(impl_->mu);
-  return impl_->tune_and_store(impl_->state(), op, d, whole_grid);
+  std::unique_lock<std::mutex> lk(impl_->mu);
+  return impl_->tune_and_store(lk, impl_->state(), op, d, whole_grid);
 }
 
 Engine::Impl::Launch Engine::Impl::prepare(Op op, const NormDesc& d) {
-  std::lock_guard<std::mutex> lk(mu);
+  std::unique_lock<std::mutex> lk(mu);
   auto& st = state();
   Launch l;
   l.shape_key = shape_key(op, d);
-  l.cfg = resolve_config(st, op, d, l.shape_key, &l.source);
+  l.cfg = resolve_config(lk, st, op, d, l.shape_key, &l.source);
   l.arch = st.info.arch();
   l.sm_count = st.info.sm_count;
   l.facts = st.info.facts();

@@ -101,6 +101,27 @@ CUdevice current_device() {
   return dev;
 }
 
+int device_count() {
+  std::string why;
+  if (!gpu_available(&why)) return 0;
+  int n = 0;
+  return cu().cuDeviceGetCount(&n) == CUDA_SUCCESS ? n : 0;
+}
+
+CUdevice use_device(int ordinal) {
+  const int n = device_count();
+  if (ordinal < 0 || ordinal >= n)
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("device {} does not exist: this machine has {} GPU{}{}", ordinal, n, n == 1 ? "" : "s",
+                            n ? fmt::format(" (0-{})", n - 1) : ""));
+  CUdevice dev = 0;
+  NJ_CU(cuDeviceGet(&dev, ordinal));
+  CUcontext ctx = nullptr;
+  NJ_CU(cuDevicePrimaryCtxRetain(&ctx, dev));
+  NJ_CU(cuCtxSetCurrent(ctx));
+  return dev;
+}
+
 DeviceInfo device_info(CUdevice dev) {
   DeviceInfo d;
   d.device = dev;

@@ -57,6 +57,15 @@ bool gpu_available(std::string* why = nullptr);
 /// 0 and makes it current when the thread has none.
 CUdevice current_device();
 
+/// How many devices the driver reports (0 without a driver or GPU; never throws).
+int device_count();
+
+/// Makes device `ordinal`'s primary context current on this thread (retained
+/// for the process, as current_device does for device 0) and returns the
+/// device. Throws Error(InvalidArgument) naming the ordinal and the device
+/// count when no such device exists.
+CUdevice use_device(int ordinal);
+
 struct DeviceInfo {
   CUdevice device = 0;
   std::string name;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -22,6 +23,10 @@ namespace {
 // record structs of the CUPTI headers built against; the fields keep their
 // place across versions (both after 16 bytes of kind and configuration).
 static_assert(offsetof(CUpti_ActivityKernel10, start) == 16 && offsetof(CUpti_ActivityKernel10, end) == 24);
+// So does the device (the ordinal of the record's context), which keeps the
+// regions that threads time on different GPUs at once apart.
+static_assert(offsetof(CUpti_ActivityKernel10, deviceId) == 40 && offsetof(CUpti_ActivityKernel4, deviceId) == 40);
+static_assert(offsetof(CUpti_ActivityMemcpy6, deviceId) == 32 && offsetof(CUpti_ActivityMemcpy, deviceId) == 32);
 static_assert(offsetof(CUpti_ActivityMemcpy6, start) == 16 && offsetof(CUpti_ActivityMemcpy6, end) == 24);
 
 struct Cupti {
@@ -33,9 +38,13 @@ struct Cupti {
   std::string error;  // why CUPTI cannot be used; empty when it can
 };
 
-// Records delivered by CUPTI's buffer callbacks, until end() takes them.
+// Records delivered by CUPTI's buffer callbacks, per device, until end()
+// takes them; `recording` counts the devices between begin() and end()
+// (CUPTI's activity kinds are enabled for the process, so they stay on
+// while any device records).
 std::mutex sink_mu;
-std::vector<Activity> sink;
+std::map<std::uint32_t, std::vector<Activity>> sink;
+int recording = 0;
 
 constexpr std::size_t kBufferBytes = 1 << 20;
 
@@ -55,10 +64,10 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   while (cupti().getNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
     if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || rec->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
-      sink.push_back({k->start, k->end});
+      sink[k->deviceId].push_back({k->start, k->end});
     } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
-      sink.push_back({m->start, m->end});
+      sink[m->deviceId].push_back({m->start, m->end});
     }
   }
   std::free(buffer);
@@ -122,23 +131,28 @@ KernelClock* KernelClock::get() {
 
 const std::string& KernelClock::unavailable_reason() { return cupti().error; }
 
-void KernelClock::begin() {
-  {
-    std::lock_guard<std::mutex> lk(sink_mu);
-    sink.clear();
+void KernelClock::begin(CUdevice device) {
+  std::lock_guard<std::mutex> lk(sink_mu);
+  sink[static_cast<std::uint32_t>(device)].clear();
+  if (recording == 0) {
+    check(cupti().enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable(CONCURRENT_KERNEL)");
+    check(cupti().enable(CUPTI_ACTIVITY_KIND_MEMCPY), "cuptiActivityEnable(MEMCPY)");
   }
-  check(cupti().enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable(CONCURRENT_KERNEL)");
-  check(cupti().enable(CUPTI_ACTIVITY_KIND_MEMCPY), "cuptiActivityEnable(MEMCPY)");
+  ++recording;
 }
 
-std::vector<Activity> KernelClock::end() {
+std::vector<Activity> KernelClock::end(CUdevice device) {
+  // Outside sink_mu: the flush delivers buffers through buffer_completed,
+  // which takes it.
   check(cupti().flushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
-  check(cupti().disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityDisable(CONCURRENT_KERNEL)");
-  check(cupti().disable(CUPTI_ACTIVITY_KIND_MEMCPY), "cuptiActivityDisable(MEMCPY)");
   std::vector<Activity> out;
   {
     std::lock_guard<std::mutex> lk(sink_mu);
-    out.swap(sink);
+    if (--recording == 0) {
+      check(cupti().disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityDisable(CONCURRENT_KERNEL)");
+      check(cupti().disable(CUPTI_ACTIVITY_KIND_MEMCPY), "cuptiActivityDisable(MEMCPY)");
+    }
+    out.swap(sink[static_cast<std::uint32_t>(device)]);
   }
   std::sort(out.begin(), out.end(), [](const Activity& a, const Activity& b) { return a.start < b.start; });
   return out;

@@ -14,6 +14,8 @@
 // tuning times with events unless NORMJIT_TIMER=cupti.
 #pragma once
 
+#include <cuda.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -38,12 +40,14 @@ class KernelClock {
   /// Why get() returned nullptr ("" when it did not).
   static const std::string& unavailable_reason();
 
-  /// Records the kernels and device copies launched from now on (memsets,
-  /// such as the L2 flush, are not recorded).
-  void begin();
-  /// Stops recording; the activities since begin(), ordered by start. The
-  /// caller has synchronized the work it launched.
-  std::vector<Activity> end();
+  /// Records the kernels and device copies launched on `device` from now on
+  /// (memsets, such as the L2 flush, are not recorded). Threads may record
+  /// different devices at once; one device is recorded by one thread at a
+  /// time (the tuner's gpu_mutex).
+  void begin(CUdevice device);
+  /// Stops recording `device`; its activities since begin(), ordered by
+  /// start. The caller has synchronized the work it launched.
+  std::vector<Activity> end(CUdevice device);
 
  private:
   KernelClock() = default;

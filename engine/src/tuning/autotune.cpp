@@ -4,6 +4,8 @@
 #include <atomic>
 #include <cmath>
 #include <exception>
+#include <map>
+#include <memory>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -19,9 +21,16 @@
 
 namespace normjit::detail {
 
-std::mutex& gpu_mutex() {
-  static std::mutex mu;
-  return mu;
+std::mutex& gpu_mutex() { return gpu_mutex(current_device()); }
+
+std::mutex& gpu_mutex(CUdevice device) {
+  // One a device, never freed: tuners of different GPUs time at once.
+  static std::mutex map_mu;
+  static std::map<CUdevice, std::unique_ptr<std::mutex>> mutexes;
+  std::lock_guard<std::mutex> lk(map_mu);
+  auto& m = mutexes[device];
+  if (!m) m = std::make_unique<std::mutex>();
+  return *m;
 }
 
 namespace {

@@ -59,9 +59,12 @@ TuneResult autotune(Op op, const NormDesc& desc, const DeviceInfo& dev, KernelCa
 /// was timed. Pure, so the tie rule is testable without a GPU.
 int pick_winner(const std::vector<CandidateTiming>& candidates, double tie = 1.02);
 
-/// Held by a tuner while it uses the GPU (loading, checking, timing), so
+/// Held by a tuner while it uses its GPU (loading, checking, timing), so
 /// tuners in several threads overlap their compiles with one another's
-/// timing but never time at once.
+/// timing but never time on one GPU at once: the mutex of the current
+/// context's device (tuners of different GPUs time in parallel).
 std::mutex& gpu_mutex();
+/// The same for `device`.
+std::mutex& gpu_mutex(CUdevice device);
 
 }  // namespace normjit::detail

@@ -19,14 +19,15 @@ double median_us(const std::function<void(CUstream)>& fn, const DeviceBuffer& fl
   reps = std::max(reps, 10);
   for (int i = 0; i < warmup; ++i) fn(stream);
   if (KernelClock* clock = KernelClock::get()) {
+    const CUdevice device = current_device();
     NJ_CU(cuStreamSynchronize(stream));
-    clock->begin();
+    clock->begin(device);
     for (int i = 0; i < reps; ++i) {
       NJ_CU(cuMemsetD32Async(flush.get(), 0x5a5a5a5au + i, flush.bytes() / 4, stream));  // not recorded
       fn(stream);
     }
     NJ_CU(cuStreamSynchronize(stream));
-    const std::vector<Activity> acts = clock->end();
+    const std::vector<Activity> acts = clock->end(device);
     // Each repetition launched the same kernels and copies: sum their
     // durations per repetition (as profilers sum a call's kernels).
     if (!acts.empty() && acts.size() % reps == 0) {
