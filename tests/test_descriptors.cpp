@@ -30,18 +30,6 @@ using namespace normjit_test;  // shared helpers (test_util.hpp)
 
 namespace {
 
-// `f` must throw Error(InvalidArgument) whose what() holds every one of `parts`.
-void check_invalid(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    FAIL_CHECK("no normjit::Error was thrown; expected one mentioning " << parts.front());
-  } catch (const Error& e) {
-    CHECK(e.kind() == ErrorKind::InvalidArgument);
-    const std::string what = e.what();
-    for (const auto& p : parts) CHECK_MESSAGE(contains(what, p), "'" << what << "' lacks '" << p << "'");
-  }
-}
-
 void check_invalid_desc(const NormDesc& d, const std::vector<std::string>& parts) {
   check_invalid([&] { d.validate(); }, parts);
 }

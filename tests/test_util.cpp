@@ -19,6 +19,17 @@ namespace normjit_test {
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
+void check_invalid(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    FAIL_CHECK("no normjit::Error was thrown; expected one mentioning " << parts.front());
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::InvalidArgument);
+    const std::string what = e.what();
+    for (const auto& p : parts) CHECK_MESSAGE(contains(what, p), "'" << what << "' lacks '" << p << "'");
+  }
+}
+
 /// x and y of dtype `xy`, weight of `w`, contiguous.
 NormDesc make_desc(std::int64_t M, std::int64_t N, DType xy, DType w) {
   NormDesc d;

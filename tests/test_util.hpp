@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +22,9 @@ inline normjit::detail::DeviceFacts test_facts(int max_cluster = normjit::kMaxCl
 }
 
 bool contains(const std::string& text, const std::string& part);
+
+/// `f` must throw normjit::Error(InvalidArgument) whose what() holds every one of `parts`.
+void check_invalid(const std::function<void()>& f, const std::vector<std::string>& parts);
 
 /// x and y of dtype `xy`, weight of `w`, contiguous.
 normjit::NormDesc make_desc(std::int64_t M, std::int64_t N, normjit::DType xy = normjit::DType::BF16,

@@ -227,11 +227,14 @@ struct FitOptions {
   double max_geomean = 0, max_geomean_launched = 0;
   std::vector<double> start_fwd, start_bwd, start_one_wave;
   std::vector<std::string> show;
+  std::string dump;
 };
 
 void add_options(CLI::App& app, FitOptions& o) {
   app.add_option("--show", o.show, "Shapes (as in the files, e.g. rms:bf16:4096x65536) whose every candidate to print: "
                                    "predicted and measured time, fastest measured first");
+  app.add_option("--dump", o.dump, "Write every row's candidates (measured / fastest, predicted ns, shape of the "
+                                   "row slice) as JSON lines, for fitting outside this tool");
   app.add_option("files", o.files, "heldout.py run JSON files (rows with every candidate's time), timed unstaged")->check(CLI::ExistingFile);
   app.add_option("--launched", o.launched_files, "heldout.py run JSON files timed as launches run each config (staged where "
                                                "they stage): they fit the forward's one-wave constants")->check(CLI::ExistingFile);
@@ -298,6 +301,32 @@ void show_candidates(const std::vector<Row>& rows, const ModelParams (&fitted)[2
   }
 }
 
+// --dump: one JSON line a row, every timed candidate with its measured
+// ratio, the model's predicted time and the terms of its row slice.
+void dump_rows(const std::vector<Row>& rows, const ModelParams (&fitted)[2], const std::string& path) {
+  std::string text;
+  for (const auto& r : rows) {
+    const ModelParams p = params_for(r, fitted[r.op == Op::Forward ? 0 : 1]);
+    nlohmann::json c = nlohmann::json::array();
+    for (std::size_t i = 0; i < r.grid.size(); ++i) {
+      const LaunchConfig& g = r.grid[i];
+      const bool peel = peeled(r.op, r.desc, g.vec);
+      const std::int64_t slice = slice_columns(row_span(r.op, r.desc, g.vec), g);
+      c.push_back({{"cfg", g.str()},
+                   {"ratio", r.ratio[i]},
+                   {"pred_ns", predicted_ns(r.op, r.desc, g, r.dev, p)},
+                   {"peel", peel},
+                   {"k", (slice / g.vec + g.threads_per_row - 1) / g.threads_per_row},
+                   {"launched", (r.op == Op::Forward ? staged_for_launch(r.op, r.desc, g, r.dev) : g).str()}});
+    }
+    text += nlohmann::json{{"gpu", r.gpu}, {"shape", r.shape}, {"op", r.op == Op::Forward ? "fwd" : "bwd"},
+                           {"as_launched", r.as_launched}, {"sms", r.dev.sm_count}, {"cands", c}}
+                .dump() +
+            "\n";
+  }
+  if (auto why = write_file_atomically(path, text)) throw std::runtime_error("cannot write " + path + ": " + *why);
+}
+
 // --write: the fitted-params block of config_model.cpp replaced (atomically).
 void write_params(const std::string& path, const ModelParams (&fitted)[2]) {
   std::ifstream in(path);
@@ -335,6 +364,7 @@ int main(int argc, char** argv) {
     }
     const bool failed = fit_and_report(rows, fitted, o);
     show_candidates(rows, fitted, o.show);
+    if (!o.dump.empty()) dump_rows(rows, fitted, o.dump);
     if (!o.write_path.empty()) write_params(o.write_path, fitted);
     if (failed) return 1;
   } catch (const std::exception& e) {

@@ -50,3 +50,22 @@ def restore_settings():
     yield
     normjit.set_cache_dir(None)
     normjit.set_tune_policy(None)
+
+
+@pytest.fixture
+def engine(tmp_path):
+    """A C-ABI engine handle (ctypes) with its user cache in tmp_path, destroyed afterwards."""
+    import ctypes
+
+    from normjit import _capi
+
+    lib = _capi.load()
+    opts = _capi.EngineOptions()
+    _capi.check(lib.normjit_engine_options_init(ctypes.byref(opts)))
+    keep = str(tmp_path).encode()
+    opts.cache_dir = keep
+    handle = ctypes.c_void_p()
+    _capi.check(lib.normjit_engine_create(ctypes.byref(opts), ctypes.byref(handle)))
+    assert handle.value
+    yield handle
+    lib.normjit_engine_destroy(handle)

@@ -25,19 +25,6 @@ def _pyproject_version():
     return re.search(r'^version = "([^"]+)"', text, re.M).group(1)
 
 
-@pytest.fixture
-def engine(tmp_path):
-    opts = _capi.EngineOptions()
-    _capi.check(lib.normjit_engine_options_init(ctypes.byref(opts)))
-    keep = str(tmp_path).encode()
-    opts.cache_dir = keep
-    handle = ctypes.c_void_p()
-    _capi.check(lib.normjit_engine_create(ctypes.byref(opts), ctypes.byref(handle)))
-    assert handle.value
-    yield handle
-    lib.normjit_engine_destroy(handle)
-
-
 def _desc(M=8, N=64):
     d = _capi.new_desc()
     d.M, d.N = M, N

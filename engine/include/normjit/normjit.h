@@ -268,6 +268,55 @@ NORMJIT_C_EXPORT int normjit_tune(normjit_engine engine, int32_t op, const normj
 /** The user cache directory in use, into buf (len bytes with the NUL). */
 NORMJIT_C_EXPORT int normjit_engine_cache_dir(normjit_engine engine, char* buf, size_t len);
 
+/** A norm over a hidden dimension sharded across ranks (tensor parallelism):
+ *  this rank holds N of the N_total columns of every row; x, y, dy and dx are
+ *  dense [M, N] rows, weight and bias (and their gradients) this rank's [N]
+ *  slice. The caller sums `stats` ([M, 2] float64) over ranks between the
+ *  two calls of each direction (an all-reduce):
+ *    forward:  normjit_sharded_stats -> all-reduce -> normjit_sharded_apply
+ *    backward: normjit_sharded_backward_stats -> all-reduce -> normjit_sharded_backward_apply
+ *  The result is the unsharded norm's (means over N_total). See
+ *  normjit::ShardedNormDesc. Errors as normjit_forward. */
+typedef struct normjit_sharded_desc {
+  uint32_t struct_size;
+  int32_t norm;          /**< NORMJIT_NORM_RMS or NORMJIT_NORM_LAYER */
+  int64_t M;             /**< rows, >= 0 */
+  int64_t N;             /**< this rank's columns, 1..262144 */
+  int64_t N_total;       /**< every rank's N summed, >= N */
+  int32_t x_dtype;       /**< x and dx: fp32, fp16 or bf16 (enum normjit_dtype) */
+  int32_t y_dtype;       /**< y and dy */
+  int32_t weight_dtype;  /**< weight, bias, dweight, dbias */
+  int32_t has_weight;
+  int32_t has_bias;      /**< LayerNorm only */
+  float eps;
+  float weight_offset;   /**< w' = weight + weight_offset; needs has_weight */
+} normjit_sharded_desc;
+
+/** Fills *desc with the defaults (RMSNorm, bf16, a weight, eps 1e-6) and struct_size. */
+NORMJIT_C_EXPORT int normjit_sharded_desc_init(normjit_sharded_desc* desc);
+/** stats[i] = (sum_j x[i, j], sum_j x[i, j]^2) over this rank's columns. */
+NORMJIT_C_EXPORT int normjit_sharded_stats(normjit_engine engine, const normjit_sharded_desc* desc, const void* x,
+                                           double* stats, void* stream);
+/** y from x and the stats summed over ranks; mean (LayerNorm) and rstd ([M]
+ *  fp32) written where not NULL; weight / bias NULL where the desc has none. */
+NORMJIT_C_EXPORT int normjit_sharded_apply(normjit_engine engine, const normjit_sharded_desc* desc, const void* x,
+                                           const void* weight, const void* bias, const double* stats, void* y,
+                                           float* mean, float* rstd, void* stream);
+/** stats[i] = (sum_j g[i, j], sum_j g[i, j] * xhat[i, j]), g = dy * w'. */
+NORMJIT_C_EXPORT int normjit_sharded_backward_stats(normjit_engine engine, const normjit_sharded_desc* desc,
+                                                    const void* dy, const void* x, const void* weight,
+                                                    const float* mean, const float* rstd, double* stats,
+                                                    void* stream);
+/** Bytes of workspace normjit_sharded_backward_apply needs on the current device. */
+NORMJIT_C_EXPORT int normjit_sharded_backward_workspace_size(normjit_engine engine, const normjit_sharded_desc* desc,
+                                                             size_t* bytes);
+/** dx from the backward stats summed over ranks; this rank's dweight / dbias. */
+NORMJIT_C_EXPORT int normjit_sharded_backward_apply(normjit_engine engine, const normjit_sharded_desc* desc,
+                                                    const void* dy, const void* x, const void* weight,
+                                                    const float* mean, const float* rstd, const double* stats,
+                                                    void* dx, void* dweight, void* dbias, void* workspace,
+                                                    size_t workspace_bytes, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -433,6 +433,43 @@ struct ConfigExplanation {
   std::vector<CandidateTiming> candidates;  ///< the entry's candidates, when known
 };
 
+/// A norm over a hidden dimension sharded across ranks (tensor / sequence
+/// parallelism: each rank holds N of the N_total columns of every row, and a
+/// row's statistics need every rank's columns). The engine's part is four
+/// kernels; the caller sums their per-row partial sums across ranks
+/// (torch.distributed's all_reduce, NCCL: normjit.torch.sharded_rms_norm
+/// and sharded_layer_norm do it), so the collective is the caller's:
+///   forward:  sharded_stats -> all-reduce stats -> sharded_apply
+///   backward: sharded_backward_stats -> all-reduce stats -> sharded_backward_apply
+/// stats is [M, 2] float64, row i = (sum_j x[i, j], sum_j x[i, j]^2) in the
+/// forward and (sum_j g[i, j], sum_j g[i, j] * xhat[i, j]) in the backward,
+/// g = dy * w'; summed over ranks it gives the unsharded norm's mean, rstd
+/// and backward exactly as NormDesc's formulas (RMSNorm: Zhang & Sennrich
+/// 2019; LayerNorm: Ba et al. 2016), with means over N_total. float64 sums
+/// keep LayerNorm's variance E[x^2] - mean^2 accurate at large means (1e-8
+/// of a unit variance at a mean of 1e4). Rows are dense: x, y, dy and dx
+/// are [M, N] with row stride N; weight and bias are this rank's [N] slice,
+/// and dweight / dbias this rank's slice of the gradient (no reduction
+/// across ranks: each holds its own).
+struct ShardedNormDesc {
+  NormKind norm = NormKind::RMSNorm;
+  std::int64_t M = 0;        ///< rows (tokens), >= 0
+  std::int64_t N = 0;        ///< this rank's columns, in [1, 262144]
+  std::int64_t N_total = 0;  ///< the whole hidden size (every rank's N summed), in [N, 2^40]
+  DType x_dtype = DType::BF16;       ///< x, and dx
+  DType y_dtype = DType::BF16;       ///< y, and dy
+  DType weight_dtype = DType::BF16;  ///< weight, bias, dweight, dbias
+  bool has_weight = true;
+  bool has_bias = false;      ///< LayerNorm only
+  float eps = 1e-6f;          ///< added to the variance (RMSNorm: mean of x^2), >= 0
+  float weight_offset = 0.f;  ///< w' = weight + weight_offset (Gemma: 1); needs has_weight
+
+  /// Throws Error(InvalidArgument) naming the field and its value.
+  void validate() const;
+  /// "rms 8192x2048/4096 x=bf16 y=bf16 w=bf16" (M x N / N_total).
+  std::string str() const;
+};
+
 class Engine {
  public:
   /// An engine with the options of the environment (EngineOptions::from_env).
@@ -470,6 +507,27 @@ class Engine {
   void rms_norm_backward(const NormDesc& desc, const void* dy, const void* x,
                          const void* weight, const float* rstd, void* dx, void* dweight,
                          void* workspace, std::size_t workspace_bytes, CUstream stream);
+
+  /// Sharded norms (see ShardedNormDesc); each asynchronous on `stream`,
+  /// pointers 16-byte aligned for the widest loads (any alignment of the
+  /// element type works, slower). stats: [M, 2] float64, written.
+  void sharded_stats(const ShardedNormDesc& desc, const void* x, double* stats, CUstream stream);
+  /// y from x and the stats summed over every rank; mean (LayerNorm) and rstd
+  /// ([M] fp32, each may be null) for the backward.
+  void sharded_apply(const ShardedNormDesc& desc, const void* x, const void* weight, const void* bias,
+                     const double* stats, void* y, float* mean, float* rstd, CUstream stream);
+  /// The backward's partial sums ([M, 2] float64, written) from dy, x, weight
+  /// and the forward's mean (LayerNorm; null for RMSNorm) and rstd.
+  void sharded_backward_stats(const ShardedNormDesc& desc, const void* dy, const void* x, const void* weight,
+                              const float* mean, const float* rstd, double* stats, CUstream stream);
+  /// Bytes of workspace sharded_backward_apply needs on the current device
+  /// (fp32 partial dweight / dbias rows); 0 when M == 0 or there is neither.
+  std::size_t sharded_backward_workspace_size(const ShardedNormDesc& desc);
+  /// dx from the backward's stats summed over every rank, and this rank's
+  /// dweight / dbias (null where the desc has none), deterministically.
+  void sharded_backward_apply(const ShardedNormDesc& desc, const void* dy, const void* x, const void* weight,
+                              const float* mean, const float* rstd, const double* stats, void* dx, void* dweight,
+                              void* dbias, void* workspace, std::size_t workspace_bytes, CUstream stream);
 
   /// Autotunes `op` for `desc` on scratch buffers of the same shape (needs a
   /// GPU), stores the winner in the user cache and returns every candidate

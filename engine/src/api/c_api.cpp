@@ -263,6 +263,28 @@ std::int32_t c_tune_policy(normjit::TunePolicy p) {
   return NORMJIT_TUNE_NEVER;
 }
 
+
+normjit::ShardedNormDesc to_cpp(const normjit_sharded_desc* c) {
+  require_non_null(c, "desc");
+  require_struct_size(c->struct_size, sizeof(normjit_sharded_desc), "desc", "normjit_sharded_desc",
+                      "normjit_sharded_desc_init");
+  if (c->norm != NORMJIT_NORM_RMS && c->norm != NORMJIT_NORM_LAYER)
+    throw invalid(fmt::format("desc->norm = {} is not NORMJIT_NORM_RMS (0) or NORMJIT_NORM_LAYER (1)", c->norm));
+  normjit::ShardedNormDesc d;
+  d.norm = static_cast<normjit::NormKind>(c->norm);
+  d.M = c->M;
+  d.N = c->N;
+  d.N_total = c->N_total;
+  d.x_dtype = to_dtype(c->x_dtype, "x_dtype");
+  d.y_dtype = to_dtype(c->y_dtype, "y_dtype");
+  d.weight_dtype = to_dtype(c->weight_dtype, "weight_dtype");
+  d.has_weight = to_bool(c->has_weight, "has_weight");
+  d.has_bias = to_bool(c->has_bias, "has_bias");
+  d.eps = c->eps;
+  d.weight_offset = c->weight_offset;
+  return d;
+}
+
 }  // namespace
 
 extern "C" {
@@ -500,6 +522,72 @@ int normjit_engine_cache_dir(normjit_engine engine, char* buf, size_t len) {
     const std::string dir = engine->engine.cache_dir();
     check_fits(dir, buf, len, "buf");
     copy_out(dir, buf);
+  });
+}
+
+int normjit_sharded_desc_init(normjit_sharded_desc* desc) {
+  return guarded("normjit_sharded_desc_init", [&] {
+    require_non_null(desc, "desc");
+    const normjit::ShardedNormDesc d;
+    normjit_sharded_desc c{};
+    c.struct_size = sizeof(normjit_sharded_desc);
+    c.norm = static_cast<std::int32_t>(d.norm);
+    c.M = d.M;
+    c.N = d.N;
+    c.N_total = d.N_total;
+    c.x_dtype = static_cast<std::int32_t>(d.x_dtype);
+    c.y_dtype = static_cast<std::int32_t>(d.y_dtype);
+    c.weight_dtype = static_cast<std::int32_t>(d.weight_dtype);
+    c.has_weight = d.has_weight;
+    c.has_bias = d.has_bias;
+    c.eps = d.eps;
+    c.weight_offset = d.weight_offset;
+    *desc = c;
+  });
+}
+
+int normjit_sharded_stats(normjit_engine engine, const normjit_sharded_desc* desc, const void* x, double* stats,
+                          void* stream) {
+  return guarded("normjit_sharded_stats", [&] {
+    require_engine(engine);
+    engine->engine.sharded_stats(to_cpp(desc), x, stats, to_stream(stream));
+  });
+}
+
+int normjit_sharded_apply(normjit_engine engine, const normjit_sharded_desc* desc, const void* x, const void* weight,
+                          const void* bias, const double* stats, void* y, float* mean, float* rstd, void* stream) {
+  return guarded("normjit_sharded_apply", [&] {
+    require_engine(engine);
+    engine->engine.sharded_apply(to_cpp(desc), x, weight, bias, stats, y, mean, rstd, to_stream(stream));
+  });
+}
+
+int normjit_sharded_backward_stats(normjit_engine engine, const normjit_sharded_desc* desc, const void* dy,
+                                   const void* x, const void* weight, const float* mean, const float* rstd,
+                                   double* stats, void* stream) {
+  return guarded("normjit_sharded_backward_stats", [&] {
+    require_engine(engine);
+    engine->engine.sharded_backward_stats(to_cpp(desc), dy, x, weight, mean, rstd, stats, to_stream(stream));
+  });
+}
+
+int normjit_sharded_backward_workspace_size(normjit_engine engine, const normjit_sharded_desc* desc, size_t* bytes) {
+  return guarded("normjit_sharded_backward_workspace_size", [&] {
+    require_engine(engine);
+    require_non_null(bytes, "bytes");
+    const normjit::ShardedNormDesc d = to_cpp(desc);
+    *bytes = engine->engine.sharded_backward_workspace_size(d);
+  });
+}
+
+int normjit_sharded_backward_apply(normjit_engine engine, const normjit_sharded_desc* desc, const void* dy,
+                                   const void* x, const void* weight, const float* mean, const float* rstd,
+                                   const double* stats, void* dx, void* dweight, void* dbias, void* workspace,
+                                   size_t workspace_bytes, void* stream) {
+  return guarded("normjit_sharded_backward_apply", [&] {
+    require_engine(engine);
+    engine->engine.sharded_backward_apply(to_cpp(desc), dy, x, weight, mean, rstd, stats, dx, dweight, dbias, workspace,
+                                          workspace_bytes, to_stream(stream));
   });
 }
 

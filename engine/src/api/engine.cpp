@@ -160,6 +160,13 @@ struct Engine::Impl {
   Launch begin_plan(Plan& p, Op op, const NormDesc& d);
   std::shared_ptr<const Plan> forward_plan(const NormDesc& d, const ForwardTensors& u);
   std::shared_ptr<const Plan> backward_plan(const NormDesc& d, const BackwardTensors* u);
+  /// A sharded call's kernels and geometry (see Engine::sharded_*).
+  struct ShardLaunch {
+    std::shared_ptr<const LoadedKernel> k, fin;
+    ShardGeometry g;
+  };
+  ShardLaunch shard_launch(const ShardedNormDesc& d, std::initializer_list<ShardOperand> operands,
+                           bool finalize = false);
   /// Rethrows `e` (being handled) with op, shape and config attached.
   [[noreturn]] static void attach_context(const Error& e, Op op, const NormDesc& d, const LaunchConfig& cfg);
 
@@ -426,6 +433,148 @@ int Engine::precompile(Op op, const NormDesc& d, const std::string& arch, std::v
     }
   });
   return ok;
+}
+
+}  // namespace normjit
+
+// ---- sharded norms (sharded.cuh; ShardedNormDesc) --------------------------
+
+namespace normjit {
+
+namespace {
+const char* shard_op(const ShardedNormDesc& d, bool backward) {
+  const bool ln = d.norm == NormKind::LayerNorm;
+  return backward ? (ln ? "ln_shard_bwd" : "rms_shard_bwd") : (ln ? "ln_shard_fwd" : "rms_shard_fwd");
+}
+
+// A pointer the descriptor asks for must be there.
+void require_ptr(const void* p, const char* what, const char* why, const ShardedNormDesc& d, bool backward) {
+  if (!p)
+    throw Error(ErrorKind::InvalidArgument, fmt::format("{} = null: a device pointer is required ({})", what, why),
+                shard_op(d, backward), d.str());
+}
+
+void validate_shard(const ShardedNormDesc& d, bool backward) {
+  try {
+    d.validate();
+  } catch (const Error& e) {
+    throw Error(e.kind(), e.message(), shard_op(d, backward), d.str());
+  }
+}
+}  // namespace
+
+// The kernel module and launch geometry of a sharded call on the current
+// device (compiled on first use, like the row kernels; nothing to tune),
+// and with `finalize` the dweight / dbias finalize kernel.
+Engine::Impl::ShardLaunch Engine::Impl::shard_launch(const ShardedNormDesc& d,
+                                                     std::initializer_list<ShardOperand> operands, bool finalize) {
+  std::string arch;
+  int sms = 0;
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    auto& st = state();
+    arch = st.info.arch();
+    sms = st.info.sm_count;
+  }
+  ShardLaunch l;
+  l.g = shard_geometry(d, sms, operands);
+  l.k = jit.get(sharded_spec(d, l.g.vec, l.g.threads), arch);
+  if (finalize) {
+    NormDesc fd;
+    fd.weight_dtype = d.weight_dtype;
+    l.fin = jit.get(finalize_spec(fd), arch);
+  }
+  return l;
+}
+
+void Engine::sharded_stats(const ShardedNormDesc& d, const void* x, double* stats, CUstream stream) {
+  validate_shard(d, false);
+  if (d.M == 0) return;
+  require_ptr(x, "x", "the input", d, false);
+  require_ptr(stats, "stats", "[M, 2] float64 partial sums, written", d, false);
+  const auto l = impl_->shard_launch(d, {{x, d.x_dtype}});
+  long long M = d.M;
+  void* args[] = {&x, &stats, &M};
+  l.k->launch_shard(ShardKernel::Stats, l.g.grid, stream, args);
+}
+
+void Engine::sharded_apply(const ShardedNormDesc& d, const void* x, const void* weight, const void* bias,
+                           const double* stats, void* y, float* mean, float* rstd, CUstream stream) {
+  validate_shard(d, false);
+  if (d.M == 0) return;
+  require_ptr(x, "x", "the input", d, false);
+  require_ptr(stats, "stats", "every rank's partial sums, summed", d, false);
+  require_ptr(y, "y", "the output", d, false);
+  if (d.has_weight) require_ptr(weight, "weight", "has_weight = true", d, false);
+  if (d.has_bias) require_ptr(bias, "bias", "has_bias = true", d, false);
+  if (!d.has_weight) weight = nullptr;
+  if (!d.has_bias) bias = nullptr;
+  if (d.norm != NormKind::LayerNorm) mean = nullptr;
+  const auto l = impl_->shard_launch(d, {{x, d.x_dtype}, {y, d.y_dtype}});
+  long long M = d.M;
+  float eps = d.eps;
+  double inv_n = 1.0 / static_cast<double>(d.N_total);
+  void* args[] = {&x, &weight, &bias, &stats, &y, &mean, &rstd, &M, &eps, &inv_n};
+  l.k->launch_shard(ShardKernel::Apply, l.g.grid, stream, args);
+}
+
+void Engine::sharded_backward_stats(const ShardedNormDesc& d, const void* dy, const void* x, const void* weight,
+                                    const float* mean, const float* rstd, double* stats, CUstream stream) {
+  validate_shard(d, true);
+  if (d.M == 0) return;
+  require_ptr(dy, "dy", "the output's gradient", d, true);
+  require_ptr(x, "x", "the forward's input", d, true);
+  require_ptr(rstd, "rstd", "the forward's [M] fp32 rstd", d, true);
+  require_ptr(stats, "stats", "[M, 2] float64 partial sums, written", d, true);
+  if (d.has_weight) require_ptr(weight, "weight", "has_weight = true", d, true);
+  if (d.norm == NormKind::LayerNorm) require_ptr(mean, "mean", "LayerNorm: the forward's [M] fp32 mean", d, true);
+  if (!d.has_weight) weight = nullptr;
+  const auto l = impl_->shard_launch(d, {{dy, d.y_dtype}, {x, d.x_dtype}});
+  long long M = d.M;
+  void* args[] = {&dy, &x, &weight, &mean, &rstd, &stats, &M};
+  l.k->launch_shard(ShardKernel::BackwardStats, l.g.grid, stream, args);
+}
+
+std::size_t Engine::sharded_backward_workspace_size(const ShardedNormDesc& d) {
+  validate_shard(d, true);
+  if (d.M == 0 || (!d.has_weight && !d.has_bias)) return 0;
+  std::unique_lock<std::mutex> lk(impl_->mu);
+  return shard_workspace_bytes(d, impl_->state().info.sm_count);
+}
+
+void Engine::sharded_backward_apply(const ShardedNormDesc& d, const void* dy, const void* x, const void* weight,
+                                    const float* mean, const float* rstd, const double* stats, void* dx,
+                                    void* dweight, void* dbias, void* workspace, std::size_t workspace_bytes,
+                                    CUstream stream) {
+  validate_shard(d, true);
+  if (d.M == 0) return;
+  require_ptr(dy, "dy", "the output's gradient", d, true);
+  require_ptr(x, "x", "the forward's input", d, true);
+  require_ptr(rstd, "rstd", "the forward's [M] fp32 rstd", d, true);
+  require_ptr(stats, "stats", "every rank's backward partial sums, summed", d, true);
+  require_ptr(dx, "dx", "the input's gradient, written", d, true);
+  if (d.has_weight) {
+    require_ptr(weight, "weight", "has_weight = true", d, true);
+    require_ptr(dweight, "dweight", "has_weight = true", d, true);
+  }
+  if (d.has_bias) require_ptr(dbias, "dbias", "has_bias = true", d, true);
+  if (d.norm == NormKind::LayerNorm) require_ptr(mean, "mean", "LayerNorm: the forward's [M] fp32 mean", d, true);
+  const std::size_t need = sharded_backward_workspace_size(d);
+  if (need && (!workspace || workspace_bytes < need))
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("workspace = {} bytes{}: sharded_backward_workspace_size gives {}", workspace_bytes,
+                            workspace ? "" : " (null)", need),
+                shard_op(d, true), d.str());
+  if (!d.has_weight) weight = dweight = nullptr;
+  if (!d.has_bias) dbias = nullptr;
+  const int partials = (d.has_weight ? 1 : 0) + (d.has_bias ? 1 : 0);
+  const auto l = impl_->shard_launch(d, {{dy, d.y_dtype}, {x, d.x_dtype}, {dx, d.x_dtype}}, partials > 0);
+  long long M = d.M;
+  double inv_n = 1.0 / static_cast<double>(d.N_total);
+  void* args[] = {&dy, &x, &weight, &mean, &rstd, &stats, &dx, &workspace, &M, &inv_n};
+  l.k->launch_shard(ShardKernel::BackwardApply, static_cast<unsigned>(l.g.programs), stream, args);
+  if (!partials) return;
+  launch_finalize(*l.fin, workspace, d.has_weight ? dweight : dbias, dbias, l.g.programs, d.N, partials, stream);
 }
 
 }  // namespace normjit

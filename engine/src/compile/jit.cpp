@@ -115,6 +115,9 @@ LoadedKernel::LoadedKernel(const KernelSpec& spec, const KernelBinary& bin) : sp
     NJ_CU(cuModuleGetFunction(&fn_, mod_, spec.kernel_name()));
     if (const char* t = spec.transpose_kernel_name()) NJ_CU(cuModuleGetFunction(&transpose_, mod_, t));
     if (const char* o = spec.once_kernel_name()) NJ_CU(cuModuleGetFunction(&once_, mod_, o));
+    if (spec.kind == KernelKind::Sharded)
+      for (ShardKernel k : {ShardKernel::Stats, ShardKernel::Apply, ShardKernel::BackwardStats, ShardKernel::BackwardApply})
+        NJ_CU(cuModuleGetFunction(&shard_[static_cast<int>(k)], mod_, shard_kernel_name(k)));
     auto attr = [&](CUfunction_attribute a) {
       int v = 0;
       NJ_CU(cuFuncGetAttribute(&v, a, fn_));
@@ -198,6 +201,13 @@ void LoadedKernel::launch(unsigned grid, unsigned block, CUstream stream, void**
 void LoadedKernel::launch_transpose(unsigned grid, unsigned grid_y, CUstream stream, void** args) const {
   if (grid == 0 || grid_y == 0) return;
   launch_plain(transpose_, "normjit_q_transpose of ", grid, grid_y, 256, 0, stream, args);
+}
+
+void LoadedKernel::launch_shard(ShardKernel which, unsigned grid, CUstream stream, void** args) const {
+  if (grid == 0) return;
+  const std::string what = std::string(shard_kernel_name(which)) + " of ";
+  launch_plain(shard_[static_cast<int>(which)], what.c_str(), grid, 1, static_cast<unsigned>(spec_.threads()), 0, stream,
+               args);
 }
 
 void LoadedKernel::launch_once(unsigned ctas, unsigned block, CUstream stream, void** args) const {

@@ -62,6 +62,9 @@ class LoadedKernel {
   /// The module's one-launch kernel (spec().once_kernel_name()): one block,
   /// or a cluster of `ctas` blocks (2..once_ctas), one a row group.
   void launch_once(unsigned ctas, unsigned block, CUstream stream, void** args) const;
+  /// One of a sharded norm's kernels (KernelKind::Sharded specs), on a grid
+  /// of `grid` blocks of the spec's threads.
+  void launch_shard(ShardKernel which, unsigned grid, CUstream stream, void** args) const;
   /// The most CTAs one cluster of the once kernel may hold on this device
   /// (its own occupancy; 1 without clusters or without a once kernel).
   int once_ctas = 1;
@@ -81,6 +84,7 @@ class LoadedKernel {
   CUmodule mod_ = nullptr;
   CUfunction fn_ = nullptr;
   CUfunction transpose_ = nullptr, once_ = nullptr;
+  CUfunction shard_[4] = {};  // KernelKind::Sharded: ShardKernel order
 };
 
 /// Thread-safe memo of loaded kernels in the current context; concurrent

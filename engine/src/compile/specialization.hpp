@@ -56,6 +56,12 @@ KernelSpec tuned_spec(Op op, const NormDesc& desc, const LaunchConfig& cfg);
 std::string tuned_kernel_hash(Op op, const NormDesc& desc, const LaunchConfig& cfg);
 /// The finalize kernel of `desc`'s backward.
 KernelSpec finalize_spec(const NormDesc& desc);
+/// The module of a sharded norm's four kernels (sharded.cuh) for `desc`,
+/// with vectors of `vec` elements and blocks of `threads`.
+KernelSpec sharded_spec(const ShardedNormDesc& desc, int vec, int threads);
+/// The kernels of a sharded norm's module, in call order.
+enum class ShardKernel { Stats, Apply, BackwardStats, BackwardApply };
+const char* shard_kernel_name(ShardKernel k);
 
 /// NVRTC options every kernel is compiled with (part of the cache key).
 const std::vector<std::string>& nvrtc_options();

@@ -235,6 +235,31 @@ void NormDesc::validate() const {
   if (has_dresidual && !residual) throw bad("has_dresidual = true needs residual = true");
 }
 
+void ShardedNormDesc::validate() const {
+  if (static_cast<int>(norm) > 1) throw bad(fmt::format("norm = {} is not RMSNorm (0) or LayerNorm (1)", static_cast<int>(norm)));
+  if (M < 0) throw bad(fmt::format("M = {} must be >= 0", M));
+  if (N < 1 || N > kMaxN) throw bad(fmt::format("N = {} must be in [1, {}]", N, kMaxN));
+  if (N_total < N || N_total > (std::int64_t{1} << 40))
+    throw bad(fmt::format("N_total = {} must be in [N = {}, 2^40] (the hidden size every rank's N sums to)", N_total, N));
+  if (M > (std::int64_t{1} << 40) / N) throw bad(fmt::format("M = {} x N = {} elements exceed 2^40", M, N));
+  for (auto [name, t] : {std::pair{"x_dtype", x_dtype}, std::pair{"y_dtype", y_dtype},
+                         std::pair{"weight_dtype", weight_dtype}})
+    if (static_cast<int>(t) > 2) throw bad(fmt::format("{} = {} is not fp32, fp16 or bf16", name, static_cast<int>(t)));
+  if (!std::isfinite(eps) || eps < 0) throw bad(fmt::format("eps = {} must be finite and >= 0", eps));
+  if (!std::isfinite(weight_offset)) throw bad(fmt::format("weight_offset = {} must be finite", weight_offset));
+  if (weight_offset != 0.f && !has_weight)
+    throw bad(fmt::format("weight_offset = {} needs has_weight = true (there is no weight to offset)", weight_offset));
+  if (has_bias && norm != NormKind::LayerNorm) throw bad("has_bias = true: a bias is LayerNorm only (norm = rms)");
+}
+
+std::string ShardedNormDesc::str() const {
+  std::string s = fmt::format("{} {}x{}/{} x={} y={} w={}", norm_kind_name(norm), M, N, N_total, dtype_name(x_dtype),
+                              dtype_name(y_dtype), dtype_name(weight_dtype));
+  if (!has_weight) s += " no-weight";
+  if (has_bias) s += " bias";
+  if (weight_offset != 0.f) s += fmt::format(" offset={}", weight_offset);
+  return s;
+}
 
 std::string NormDesc::str() const {
   std::string s = fmt::format("{} {}x{} x={} y={} w={}", norm_kind_name(norm), M, N, dtype_name(x_dtype),

@@ -11,7 +11,8 @@
 
 namespace normjit::detail {
 
-enum class KernelKind { Forward, Backward, DweightFinalize };
+// Sharded: the four kernels of a norm sharded across ranks (sharded.cuh, one module).
+enum class KernelKind { Forward, Backward, DweightFinalize, Sharded };
 
 /// "rms_fwd", "ln_bwd": an op as errors, cache keys and the CLI name it.
 std::string op_label(Op op, NormKind norm);

@@ -154,16 +154,58 @@ void launch_backward(const LoadedKernel& k, const LoadedKernel* fin, const NormD
   if (g.programs == 1) return;  // one program wrote dweight / dbias itself
   // One finalize launch for every partial (blockIdx.y: dweight, dbias).
   const Variant& v = k.spec().v;  // derived once, with the kernel (no derivation on the per-call path)
-  CUdeviceptr part = reinterpret_cast<CUdeviceptr>(t.workspace);
-  CUdeviceptr out0 = reinterpret_cast<CUdeviceptr>(v.has_w ? t.dweight : t.dbias);
-  CUdeviceptr out1 = reinterpret_cast<CUdeviceptr>(t.dbias);
-  int programs = static_cast<int>(g.programs), n = static_cast<int>(d.N);
-  void* fargs[] = {&part, &out0, &out1, &programs, &n};
+  launch_finalize(*fin, t.workspace, v.has_w ? t.dweight : t.dbias, t.dbias, g.programs, d.N, v.partials(), s);
+}
+
+void launch_finalize(const LoadedKernel& fin, void* partial, void* out0, void* out1, std::int64_t programs,
+                     std::int64_t N, int partials, CUstream s) {
+  CUdeviceptr part = reinterpret_cast<CUdeviceptr>(partial);
+  CUdeviceptr o0 = reinterpret_cast<CUdeviceptr>(out0), o1 = reinterpret_cast<CUdeviceptr>(out1);
+  int p = static_cast<int>(programs), n = static_cast<int>(N);
+  void* fargs[] = {&part, &o0, &o1, &p, &n};
   // Slices of 32 threads over the partial rows: as many as leave each
   // thread four rows to add (four loads in flight), 32 at most.
   unsigned slices = 1;
-  while (slices < 32 && slices * 8 <= g.programs) slices *= 2;
-  fin->launch(static_cast<unsigned>((d.N + 31) / 32), 32 * slices, s, fargs, static_cast<unsigned>(v.partials()));
+  while (slices < 32 && slices * 8 <= programs) slices *= 2;
+  fin.launch(static_cast<unsigned>((N + 31) / 32), 32 * slices, s, fargs, static_cast<unsigned>(partials));
+}
+
+ShardGeometry shard_geometry(const ShardedNormDesc& d, int sm_count, std::initializer_list<ShardOperand> operands) {
+  ShardGeometry g;
+  int widest = dtype_size(d.x_dtype);
+  for (DType t : {d.y_dtype, d.weight_dtype}) widest = std::max(widest, dtype_size(t));
+  // 16-byte accesses where N and every operand allow them, narrower ones else.
+  for (int vec = 16 / widest; vec >= 1; vec /= 2) {
+    bool ok = d.N % vec == 0;
+    for (const ShardOperand& o : operands)
+      ok = ok && reinterpret_cast<std::uintptr_t>(o.ptr) % (static_cast<std::uintptr_t>(vec) * dtype_size(o.t)) == 0;
+    if (ok) {
+      g.vec = vec;
+      break;
+    }
+  }
+  // About four chunks a thread (their loads in flight at once), whole warps:
+  // a row's sums reduce through warp shuffles and one shared-memory step.
+  const std::int64_t chunks = d.N / g.vec;
+  g.threads = 64;
+  while (g.threads < 1024 && g.threads * 4 < chunks) g.threads *= 2;
+  // Row kernels: as many blocks as an SM holds of them at once (2048
+  // threads), each looping over rows.
+  const std::int64_t resident = static_cast<std::int64_t>(std::max(1, sm_count)) * std::max(1, 2048 / g.threads);
+  g.grid = static_cast<unsigned>(std::min<std::int64_t>(d.M, resident));
+  g.programs = shard_programs(d, sm_count);
+  return g;
+}
+
+std::int64_t shard_programs(const ShardedNormDesc& d, int sm_count) {
+  // Two a SM: enough rows in flight, and partial rows (the workspace) that
+  // do not depend on pointer alignment or block size.
+  return std::min<std::int64_t>(d.M, 2LL * std::max(1, sm_count));
+}
+
+std::size_t shard_workspace_bytes(const ShardedNormDesc& d, int sm_count) {
+  const int partials = (d.has_weight ? 1 : 0) + (d.has_bias ? 1 : 0);
+  return static_cast<std::size_t>(shard_programs(d, sm_count)) * static_cast<std::size_t>(d.N) * partials * 4;
 }
 
 }  // namespace normjit::detail

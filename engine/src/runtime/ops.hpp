@@ -5,6 +5,8 @@
 #include <cuda.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <initializer_list>
 
 #include "config/config_grid.hpp"
 #include "compile/jit.hpp"
@@ -50,5 +52,30 @@ void launch_backward(const LoadedKernel& k, const LoadedKernel& fin, const NormD
 /// The same with the layout derived; `fin` may be null when g has one program.
 void launch_backward(const LoadedKernel& k, const LoadedKernel* fin, const NormDesc& d, const nj::NormArgs& layout,
                      const BackwardTensors& t, const Geometry& g, CUstream s);
+
+/// The finalize kernel `fin`: out0 (and with partials 2, out1) = the sum of
+/// `programs` fp32 partial rows of N each (a partial's rows, then the next's).
+void launch_finalize(const LoadedKernel& fin, void* partial, void* out0, void* out1, std::int64_t programs,
+                     std::int64_t N, int partials, CUstream s);
+
+/// A sharded norm's launch (sharded.cuh): vector width, block size, the row
+/// kernels' grid and the backward apply's programs (its partial rows).
+struct ShardGeometry {
+  int vec = 1, threads = 64;
+  unsigned grid = 0;
+  std::int64_t programs = 0;
+};
+/// An operand of a sharded launch: its address and element type (its
+/// alignment bounds the vector width).
+struct ShardOperand {
+  const void* ptr;
+  DType t;
+};
+/// The one launch geometry of the sharded kernels, from the device's SM count.
+ShardGeometry shard_geometry(const ShardedNormDesc& d, int sm_count, std::initializer_list<ShardOperand> operands);
+/// Programs of the backward apply (partial dweight / dbias rows): min(M, 2 x SMs).
+std::int64_t shard_programs(const ShardedNormDesc& d, int sm_count);
+/// Bytes of its partial rows: programs x N x (weight, bias) x 4.
+std::size_t shard_workspace_bytes(const ShardedNormDesc& d, int sm_count);
 
 }  // namespace normjit::detail

@@ -188,6 +188,25 @@ class BackwardTensors(ctypes.Structure):
     ]
 
 
+class ShardedDesc(ctypes.Structure):
+    """normjit_sharded_desc: a norm over a hidden dimension sharded across ranks."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("norm", ctypes.c_int32),
+        ("M", ctypes.c_int64),
+        ("N", ctypes.c_int64),
+        ("N_total", ctypes.c_int64),
+        ("x_dtype", ctypes.c_int32),
+        ("y_dtype", ctypes.c_int32),
+        ("weight_dtype", ctypes.c_int32),
+        ("has_weight", ctypes.c_int32),
+        ("has_bias", ctypes.c_int32),
+        ("eps", ctypes.c_float),
+        ("weight_offset", ctypes.c_float),
+    ]
+
+
 _P = ctypes.POINTER
 _c_int = ctypes.c_int
 # name: (restype, argtypes)
@@ -215,6 +234,23 @@ _FUNCTIONS = {
         [ctypes.c_void_p, ctypes.c_int32, _P(NormDesc), ctypes.c_char_p, ctypes.c_size_t, _P(ctypes.c_double)],
     ),
     "normjit_engine_cache_dir": (_c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]),
+    "normjit_sharded_desc_init": (_c_int, [_P(ShardedDesc)]),
+    "normjit_sharded_stats": (
+        _c_int, [ctypes.c_void_p, _P(ShardedDesc), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]),
+    "normjit_sharded_apply": (
+        _c_int,
+        [ctypes.c_void_p, _P(ShardedDesc)] + [ctypes.c_void_p] * 8,
+    ),
+    "normjit_sharded_backward_stats": (
+        _c_int,
+        [ctypes.c_void_p, _P(ShardedDesc)] + [ctypes.c_void_p] * 7,
+    ),
+    "normjit_sharded_backward_workspace_size": (
+        _c_int, [ctypes.c_void_p, _P(ShardedDesc), _P(ctypes.c_size_t)]),
+    "normjit_sharded_backward_apply": (
+        _c_int,
+        [ctypes.c_void_p, _P(ShardedDesc)] + [ctypes.c_void_p] * 10 + [ctypes.c_size_t, ctypes.c_void_p],
+    ),
 }
 
 _LIB_NAME = "libnormjit_c.so"
@@ -327,6 +363,12 @@ def status_name(status):
 def new_desc():
     d = NormDesc()
     check(load().normjit_norm_desc_init(ctypes.byref(d)))
+    return d
+
+
+def new_sharded_desc():
+    d = ShardedDesc()
+    check(load().normjit_sharded_desc_init(ctypes.byref(d)))
     return d
 
 

@@ -53,6 +53,8 @@ __all__ = [
     "patch",
     "replace_norms",
     "rms_norm",
+    "sharded_layer_norm",
+    "sharded_rms_norm",
 ]
 
 _DTYPES = {torch.float32: _capi.FP32, torch.float16: _capi.FP16, torch.bfloat16: _capi.BF16}
@@ -1098,3 +1100,4 @@ def replace_norms(module):
 
 
 from .hf import patch  # noqa: E402  (Hugging Face models; needs the functions above)
+from .sharded import sharded_layer_norm, sharded_rms_norm  # noqa: E402,F401  (tensor-parallel norms)
