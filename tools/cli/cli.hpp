@@ -48,7 +48,11 @@ void sort_by_time(std::vector<CandidateTiming>& c);
 // devices: tune --devices (empty: the current device only).
 int cmd_tune(Engine& engine, const ShapeOptions& so, bool vs_untuned, const std::string& json_path, bool retune,
              bool list, bool whole_grid, const std::vector<int>& devices);
-int cmd_tune_grid(Engine& engine, const std::string& grid_path, bool list, double max_seconds, int workers);
+int cmd_tune_grid(Engine& engine, const std::string& grid_path, bool list, double max_seconds, int workers,
+                  const std::vector<int>& devices);
+// tune --devices: every ordinal names a device of this machine, once (else
+// Error(InvalidArgument) naming it and the device count).
+void check_devices(const std::vector<int>& devices);
 
 // explain.cpp.
 int cmd_explain(Engine& engine, const ShapeOptions& so, const std::string& device);

@@ -233,21 +233,6 @@ std::string run_item(Engine& engine, const TuneItem& it, int total, const std::s
   return out;
 }
 
-// tune --devices: every ordinal names a device of this machine, once.
-void check_devices(const std::vector<int>& devices) {
-  const int n = device_count();
-  std::set<int> seen;
-  for (int d : devices) {
-    if (d < 0 || d >= n)
-      throw Error(ErrorKind::InvalidArgument, fmt::format("--devices {}: device {} does not exist; this machine has "
-                                                          "{} GPU{} (0-{})",
-                                                          fmt::join(devices, ","), d, n, n == 1 ? "" : "s", n - 1));
-    if (!seen.insert(d).second)
-      throw Error(ErrorKind::InvalidArgument,
-                  fmt::format("--devices {}: device {} is named twice", fmt::join(devices, ","), d));
-  }
-}
-
 // tune --devices: a thread a device; devices of one kind (one tuned-cache
 // file) take the run's items from one queue, so each item is tuned once a
 // kind, and every kind tunes every item. Entries reach the kind's file
@@ -320,6 +305,20 @@ void write_tune_json(const std::string& json_path, const nlohmann::json& rows) {
 }
 
 }  // namespace
+
+void check_devices(const std::vector<int>& devices) {
+  const int n = device_count();
+  std::set<int> seen;
+  for (int d : devices) {
+    if (d < 0 || d >= n)
+      throw Error(ErrorKind::InvalidArgument, fmt::format("--devices {}: device {} does not exist; this machine has "
+                                                          "{} GPU{} (0-{})",
+                                                          fmt::join(devices, ","), d, n, n == 1 ? "" : "s", n - 1));
+    if (!seen.insert(d).second)
+      throw Error(ErrorKind::InvalidArgument,
+                  fmt::format("--devices {}: device {} is named twice", fmt::join(devices, ","), d));
+  }
+}
 
 // Tunes each shape and op. A --model's shapes are a pre-warm: those with a
 // current tuned entry for this device and kernel source (user or shipped

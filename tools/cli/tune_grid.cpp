@@ -8,6 +8,8 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -55,10 +57,12 @@ std::map<std::string, TunedEntry> current_entries(const std::string& file, const
 
 // One `tune --grid` run: what its worker threads share.
 struct GridRun {
-  GridRun(Engine& engine, const tools::Grid& g, double limit_s)
+  // `device`: one device of the run's kind (its facts; every device of the
+  // kind takes groups from this run).
+  GridRun(Engine& engine, const tools::Grid& g, double limit_s, CUdevice device)
       : grid(g),
         max_seconds(limit_s),
-        dev(device_info(current_device())),
+        dev(device_info(device)),
         fp{dev.name, dev.cc_major, dev.cc_minor, dev.sm_count, dev.l2_bytes, dev.memory_gbps},
         md(current_metadata()),
         file(engine.cache_dir() + "/tuned/" + fp.slug() + ".json"),
@@ -158,9 +162,13 @@ void tune_grid_group(GridRun& run, const tools::GridGroup& g, const NormDesc& bi
 }
 
 // Several groups at once: one compiles while another times (the tuners
-// take turns on the GPU through gpu_mutex()).
-void grid_worker(GridRun& run) {
-  current_device();  // the primary context, current on this thread
+// take turns on their GPU through gpu_mutex()). `ordinal`: the device this
+// worker tunes on (-1: the current one).
+void grid_worker(GridRun& run, int ordinal) {
+  if (ordinal >= 0)
+    use_device(ordinal);
+  else
+    current_device();  // the primary context, current on this thread
   for (std::size_t gi; (gi = run.next++) < run.grid.groups.size();) {
     const auto& g = run.grid.groups[gi];
     if (run.elapsed() > run.max_seconds) {
@@ -189,19 +197,46 @@ void grid_worker(GridRun& run) {
 // kernels, checks and buffers across the M values of one variant and N, and
 // merging into the user cache every 30 s. Entries already current in the
 // user cache are skipped, so a stopped run resumes.
-int cmd_tune_grid(Engine& engine, const std::string& grid_path, bool list, double max_seconds, int workers) {
+int cmd_tune_grid(Engine& engine, const std::string& grid_path, bool list, double max_seconds, int workers,
+                  const std::vector<int>& devices) {
   const tools::Grid grid = tools::read_grid(grid_path);
   if (list) return list_grid(grid);
   if (!require_gpu("tuning")) return kExitNoGpu;
-  GridRun run(engine, grid, max_seconds);
+  // One run a device kind (its file, its queue of groups); `workers` threads
+  // a device. Without --devices: the current device.
+  std::vector<std::pair<std::unique_ptr<GridRun>, std::vector<int>>> runs;
+  if (devices.empty()) {
+    runs.emplace_back(std::make_unique<GridRun>(engine, grid, max_seconds, current_device()), std::vector<int>{-1});
+  } else {
+    check_devices(devices);
+    for (int d : devices) {
+      const CUdevice dev = use_device(d);
+      const DeviceInfo info = device_info(dev);
+      const std::string key = DeviceFingerprint{info.name,     info.cc_major, info.cc_minor, info.sm_count,
+                                                info.l2_bytes, info.memory_gbps}
+                                  .key();
+      auto it = std::find_if(runs.begin(), runs.end(), [&](const auto& r) { return r.first->fp.key() == key; });
+      if (it == runs.end()) {
+        runs.emplace_back(std::make_unique<GridRun>(engine, grid, max_seconds, dev), std::vector<int>{});
+        it = std::prev(runs.end());
+      }
+      it->second.push_back(d);
+    }
+  }
   std::vector<std::thread> pool;
-  for (int w = 0; w < workers; ++w) pool.emplace_back([&run] { grid_worker(run); });
+  for (auto& [run, ordinals] : runs)
+    for (int d : ordinals)
+      for (int w = 0; w < workers; ++w) pool.emplace_back([r = run.get(), d] { grid_worker(*r, d); });
   for (auto& t : pool) t.join();
-  run.flush_pending();
-  fmt::print("grid {}: {} tuned, {} already current, {} groups failed, {:.0f} s{}; stored in {}\n", grid_path,
-             run.tuned, run.skipped, run.failed, run.elapsed(),
-             run.stopped ? " (stopped at --max-seconds; run again to resume)" : "", run.file);
-  return run.failed ? 1 : 0;
+  int failed = 0;
+  for (auto& [run, ordinals] : runs) {
+    run->flush_pending();
+    fmt::print("grid {}: {} tuned, {} already current, {} groups failed, {:.0f} s{}; stored in {}\n", grid_path,
+               run->tuned, run->skipped, run->failed, run->elapsed(),
+               run->stopped ? " (stopped at --max-seconds; run again to resume)" : "", run->file);
+    failed += static_cast<int>(run->failed);
+  }
+  return failed ? 1 : 0;
 }
 
 }  // namespace normjit::cli
