@@ -2,7 +2,8 @@
 # Several GPUs, on a machine of two or more, over a carried build (one device
 # call): the GPU suite's device and sharded cases, the two-rank NCCL test of
 # the sharded norms, `normjit tune --devices` of a model from empty caches
-# (twice: the second finds every entry), and tools/bench_tp.py. Results go
+# (twice: the second finds every entry), a minute of `tune --grid --devices`,
+# and tools/bench_tp.py. Results go
 # to $OUT (or ./device-out).
 #   NORMJIT_BUILD_DIR  normjit, normjit_gpu_tests (or tests/...), libnormjit_c.so (default .dev)
 #   DEVICES            ordinals for tune --devices (default: every GPU)
@@ -40,6 +41,12 @@ for pass in 1 2; do
   grep -E '^(tune |devices )' "$out/tune-devices-$pass.txt"
 done
 ls "$cache/tuned" | tee "$out/tuned-files.txt"
+# The shipped grid on every GPU for a minute: groups shared by the GPUs of a kind.
+start=$SECONDS
+"$build/normjit" --cache-dir "$(mktemp -d)" tune --grid autotune_cache/grid/grid.json --devices "$devices" \
+  --max-seconds 60 > "$out/tune-grid-devices.txt" 2>&1
+echo "tune --grid --devices $devices rc=$? $((SECONDS - start)) s" | tee -a "$out/tune-grid-devices.txt"
+grep -E '^grid ' "$out/tune-grid-devices.txt"
 start=$SECONDS
 # shellcheck disable=SC2086
 python3 tools/bench_tp.py --tp 2 ${SHAPES:+--shapes $SHAPES} --json "$out/tp.json" --markdown "$out/tp.md" \
