@@ -54,6 +54,38 @@ def test_sharded_errors_name_the_field_before_any_gpu_work(engine):
     _expect_invalid(lib.normjit_sharded_stats(engine, ctypes.byref(d), buf, buf, None), "struct_size = 7")
 
 
+def test_python_arguments_are_checked_before_any_gpu_work(tmp_path):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    import torch.distributed as dist
+
+    from normjit.sharded import sharded_layer_norm, sharded_rms_norm
+
+    if not dist.is_available():
+        pytest.skip("this torch has no torch.distributed")
+    x = torch.randn(4, 64)
+    w = torch.randn(64)
+    if not dist.is_initialized():
+        with pytest.raises(RuntimeError, match="torch.distributed is not initialised"):
+            sharded_rms_norm(x, w)
+    # One rank over gloo: enough for the checks, which all come before any GPU work.
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match=r"weight has shape \(63,\): expected \(64,\)"):
+            sharded_rms_norm(x, torch.randn(63))
+        with pytest.raises(ValueError, match=r"bias has shape \(2, 32\)"):
+            sharded_layer_norm(x, w, torch.randn(2, 32))
+        with pytest.raises(TypeError, match="float64"):
+            sharded_rms_norm(x.double(), w)
+        with pytest.raises(ValueError, match="eps = -1"):
+            sharded_rms_norm(x, w, -1.0)
+        with pytest.raises(ValueError, match="hidden_size = 32 must be an integer >= N = 64"):
+            sharded_rms_norm(x, w, hidden_size=32)
+        with pytest.raises(ValueError, match="CUDA tensors only"):
+            sharded_rms_norm(x, w)
+    finally:
+        dist.destroy_process_group()
+
+
 # ---- two GPUs, two NCCL ranks ----------------------------------------------------------------------
 
 

@@ -140,8 +140,6 @@ def _sharded(norm, x, weight, bias, eps, hidden_size, group, weight_offset):
         raise RuntimeError("torch.distributed is not initialised: call torch.distributed.init_process_group "
                            "(backend 'nccl') first; the row statistics are all-reduced over the group")
     _check_tensor("x", x, None)
-    if not x.is_cuda:
-        raise ValueError(f"x is on device '{x.device}': normjit runs on CUDA tensors only")
     if x.dim() < 1 or x.shape[-1] < 1:
         raise ValueError(f"x has shape {tuple(x.shape)}: its last dimension (this rank's columns) must be >= 1")
     N = x.shape[-1]
@@ -156,6 +154,8 @@ def _sharded(norm, x, weight, bias, eps, hidden_size, group, weight_offset):
         hidden_size = N * dist.get_world_size(group)
     if not isinstance(hidden_size, numbers.Integral) or hidden_size < N:
         raise ValueError(f"hidden_size = {hidden_size} must be an integer >= N = {N} (every rank's columns summed)")
+    if not x.is_cuda:
+        raise ValueError(f"x is on device '{x.device}': normjit runs on CUDA tensors only")
     return ShardedNormFunction.apply(x, weight, bias, norm, int(hidden_size), float(eps), float(weight_offset),
                                      group)
 
