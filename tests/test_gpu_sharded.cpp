@@ -53,6 +53,25 @@ struct Case {
   float offset = 0.f, mean = 0.f;  // x's mean: LayerNorm's stability at large means
 };
 
+constexpr float kEps = 1e-5f;
+
+// Shard `r` of case `c` (its width, the whole hidden size).
+ShardedNormDesc shard_of(const Case& c, std::size_t r) {
+  ShardedNormDesc d;
+  d.norm = c.norm;
+  d.M = c.M;
+  d.N = c.widths[r];
+  d.N_total = std::accumulate(c.widths.begin(), c.widths.end(), std::int64_t{0});
+  d.x_dtype = c.x;
+  d.y_dtype = c.y;
+  d.weight_dtype = c.w;
+  d.has_weight = c.has_weight;
+  d.has_bias = c.has_bias;
+  d.weight_offset = c.offset;
+  d.eps = kEps;
+  return d;
+}
+
 void check_case(const Case& c) {
   const std::int64_t N_total = std::accumulate(c.widths.begin(), c.widths.end(), std::int64_t{0});
   const std::int64_t M = c.M;
@@ -66,7 +85,7 @@ void check_case(const Case& c) {
   full.has_weight = c.has_weight;
   full.has_bias = c.has_bias;
   full.weight_offset = c.offset;
-  full.eps = 1e-5f;
+  full.eps = kEps;
   full.store_rstd = true;
   full.store_mean = c.norm == NormKind::LayerNorm;
   const std::uint64_t seed = fresh_seed();
@@ -91,17 +110,7 @@ void check_case(const Case& c) {
   for (std::size_t r = 0; r < R; ++r) {
     const std::int64_t n = c.widths[r];
     ShardedNormDesc& d = ds[r];
-    d.norm = c.norm;
-    d.M = M;
-    d.N = n;
-    d.N_total = N_total;
-    d.x_dtype = c.x;
-    d.y_dtype = c.y;
-    d.weight_dtype = c.w;
-    d.has_weight = c.has_weight;
-    d.has_bias = c.has_bias;
-    d.weight_offset = c.offset;
-    d.eps = full.eps;
+    d = shard_of(c, r);
     xs.emplace_back(c.x, M, n, n);
     ws.emplace_back(c.w, 1, n, n);
     bs.emplace_back(c.w, 1, n, n);
@@ -183,18 +192,8 @@ void precompile(const std::vector<Case>& cases) {
   const void* aligned = reinterpret_cast<const void*>(std::uintptr_t{1} << 20);
   std::vector<KernelSpec> specs;
   for (const Case& c : cases)
-    for (std::int64_t n : c.widths) {
-      ShardedNormDesc d;
-      d.norm = c.norm;
-      d.M = c.M;
-      d.N = n;
-      d.N_total = n * static_cast<std::int64_t>(c.widths.size());
-      d.x_dtype = c.x;
-      d.y_dtype = c.y;
-      d.weight_dtype = c.w;
-      d.has_weight = c.has_weight;
-      d.has_bias = c.has_bias;
-      d.weight_offset = c.offset;
+    for (std::size_t r = 0; r < c.widths.size(); ++r) {
+      const ShardedNormDesc d = shard_of(c, r);
       const ShardGeometry g = shard_geometry(d, sms, {{aligned, c.x}, {aligned, c.y}});
       specs.push_back(sharded_spec(d, g.vec, g.threads));
       NormDesc fd;
