@@ -537,7 +537,7 @@ void Engine::sharded_backward_stats(const ShardedNormDesc& d, const void* dy, co
 
 std::size_t Engine::sharded_backward_workspace_size(const ShardedNormDesc& d) {
   validate_shard(d, true);
-  if (d.M == 0 || (!d.has_weight && !d.has_bias)) return 0;
+  if (d.M == 0 || !shard_partials(d)) return 0;  // nothing to size: no device needed
   std::unique_lock<std::mutex> lk(impl_->mu);
   return shard_workspace_bytes(d, impl_->state().info.sm_count);
 }
@@ -567,7 +567,7 @@ void Engine::sharded_backward_apply(const ShardedNormDesc& d, const void* dy, co
                 shard_op(d, true), d.str());
   if (!d.has_weight) weight = dweight = nullptr;
   if (!d.has_bias) dbias = nullptr;
-  const int partials = (d.has_weight ? 1 : 0) + (d.has_bias ? 1 : 0);
+  const int partials = shard_partials(d);
   const auto l = impl_->shard_launch(d, {{dy, d.y_dtype}, {x, d.x_dtype}, {dx, d.x_dtype}}, partials > 0);
   long long M = d.M;
   double inv_n = 1.0 / static_cast<double>(d.N_total);

@@ -204,8 +204,7 @@ std::int64_t shard_programs(const ShardedNormDesc& d, int sm_count) {
 }
 
 std::size_t shard_workspace_bytes(const ShardedNormDesc& d, int sm_count) {
-  const int partials = (d.has_weight ? 1 : 0) + (d.has_bias ? 1 : 0);
-  return static_cast<std::size_t>(shard_programs(d, sm_count)) * static_cast<std::size_t>(d.N) * partials * 4;
+  return static_cast<std::size_t>(shard_programs(d, sm_count)) * static_cast<std::size_t>(d.N) * shard_partials(d) * 4;
 }
 
 }  // namespace normjit::detail

@@ -75,7 +75,9 @@ struct ShardOperand {
 ShardGeometry shard_geometry(const ShardedNormDesc& d, int sm_count, std::initializer_list<ShardOperand> operands);
 /// Programs of the backward apply (partial dweight / dbias rows): min(M, 2 x SMs).
 std::int64_t shard_programs(const ShardedNormDesc& d, int sm_count);
-/// Bytes of its partial rows: programs x N x (weight, bias) x 4.
+/// Partial rows a program of the backward apply writes: dweight, dbias (0-2).
+inline int shard_partials(const ShardedNormDesc& d) { return (d.has_weight ? 1 : 0) + (d.has_bias ? 1 : 0); }
+/// Bytes of its partial rows: programs x N x shard_partials x 4.
 std::size_t shard_workspace_bytes(const ShardedNormDesc& d, int sm_count);
 
 }  // namespace normjit::detail
