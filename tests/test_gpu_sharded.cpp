@@ -177,8 +177,10 @@ void check_case(const Case& c) {
   // The backward's reference from the rstd (and mean) the forward stored.
   HostTensors bin = in;
   bin["dy"] = host_rows(c.y, dy.host.data(), M, N_total, N_total);
-  bin["rstd"] = std::vector<double>(rstd[0].values().begin(), rstd[0].values().end());
-  if (c.norm == NormKind::LayerNorm) bin["mean"] = std::vector<double>(mean[0].values().begin(), mean[0].values().end());
+  // (one values() each: begin and end of two temporaries are no range)
+  const std::vector<float> rstd0 = rstd[0].values(), mean0 = mean[0].values();
+  bin["rstd"] = std::vector<double>(rstd0.begin(), rstd0.end());
+  if (c.norm == NormKind::LayerNorm) bin["mean"] = std::vector<double>(mean0.begin(), mean0.end());
   const HostTensors bwd = backward_reference(full, bin);
   CHECK(scaled_error(dx, bwd.at("dx"), bwd.at("dx_scale")) <= tolerance(c.x));
   if (c.has_weight) CHECK(relative_error(dw, bwd.at("dweight")) <= tolerance(c.w));

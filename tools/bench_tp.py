@@ -11,10 +11,13 @@ columns of every row, three ways to get this rank's columns of the norm:
              (the bound: the same bytes on one GPU)
 forward, and forward + backward (sharded: both all-reduces; gather: the
 forward's all_gather and the whole rows' backward, whose dx slice is this
-rank's). Time: CUDA events around each call on rank 0's current stream, the
-L2 flushed before each (a 256 MB write), median of --reps, after warm-up;
-every rank runs the same calls at once (the all-reduce waits for the
-slowest). Kernel and collective time together: it is the step's time.
+rank's). Time: each rank captures --reps calls, each after an L2 flush (a
+128 MB write), in one CUDA graph (NCCL's collectives included) and replays
+it; the graph of the flushes alone is timed too and taken off; median of
+--rounds replays, CUDA events on rank 0. Replays run the ranks in lockstep
+on the GPUs with no host work between calls, so the time is the step's
+kernels and collectives, not Python's or ctypes' host time (reported apart:
+host_us, the wall time of one eager call on rank 0).
 
   torchrun-free: python3 tools/bench_tp.py --tp 2 --shapes 4096x4096,16384x5120 \\
       --json tp.json --markdown tp.md
@@ -34,18 +37,56 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _time(torch, fn, flush, reps, warmup=5):
-    for _ in range(warmup):
-        fn()
+def _graph_time(torch, fn, flush, reps, rounds, dist):
+    """us per call of fn (after an L2 flush each) from graph replays, flushes taken off."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture: compiles, allocates, autograd state
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+    def capture(body):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(reps):
+                flush.fill_(1)
+                body()
+        return g
+
+    work, flushes = capture(fn), capture(lambda: None)
+
+    def replay(g):
+        times = []
+        for _ in range(rounds):
+            dist.barrier()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            g.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1000.0)
+        return statistics.median(times)
+
+    us = (replay(work) - replay(flushes)) / reps
+    del work, flushes
+    return us
+
+
+def _host_time(torch, fn, dist, reps=20):
+    """Wall us of one eager call on the host (launches and Python, the GPU not waited for)."""
+    import time
+    fn()
+    torch.cuda.synchronize()
+    dist.barrier()
     times = []
     for _ in range(reps):
-        flush.fill_(1)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        t0 = time.perf_counter()
         fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0)
+        times.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()
     return statistics.median(times)
 
 
@@ -61,7 +102,7 @@ def _rank(rank, tp, port, args, out):
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=tp, device_id=torch.device("cuda", rank))
     dtype = getattr(torch, args.dtype)
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    flush = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     rows = []
     try:
         for spec in args.shapes.split(","):
@@ -88,9 +129,10 @@ def _rank(rank, tp, port, args, out):
                 return njt.rms_norm(x, (x.shape[-1],), w, 1e-5)
 
             def gathered(x, w, b):
-                parts = [torch.empty_like(x) for _ in range(tp)]
-                dist.all_gather(parts, x.contiguous())
-                return whole(torch.cat(parts, dim=1), w, b)[:, cols]
+                parts = torch.empty(tp, *x.shape, dtype=x.dtype, device=x.device)
+                dist.all_gather_into_tensor(parts, x.contiguous())
+                rows_ = parts.permute(1, 0, 2).reshape(x.shape[0], tp * x.shape[1])
+                return whole(rows_, w, b)[:, cols]
 
             def fwd_bwd(f, x, w, b, dy):
                 x = x.detach().requires_grad_()
@@ -99,15 +141,15 @@ def _rank(rank, tp, port, args, out):
                 y.backward(dy)
 
             row = {"shape": f"{M}x{N}", "tp": tp, "norm": args.norm, "dtype": args.dtype}
+            t = lambda fn: _graph_time(torch, fn, flush, args.reps, args.rounds, dist)  # noqa: E731
             with torch.no_grad():
-                row["sharded_fwd_us"] = _time(torch, lambda: sharded(xs, ws, bs), flush, args.reps)
-                row["gather_fwd_us"] = _time(torch, lambda: gathered(xs, w_full, b_full), flush, args.reps)
-                row["unsharded_fwd_us"] = _time(torch, lambda: whole(x_full, w_full, b_full), flush, args.reps)
-            row["sharded_fwdbwd_us"] = _time(torch, lambda: fwd_bwd(sharded, xs, ws, bs, dys), flush, args.reps)
-            row["gather_fwdbwd_us"] = _time(torch, lambda: fwd_bwd(gathered, xs, w_full, b_full, dys), flush,
-                                            args.reps)
-            row["unsharded_fwdbwd_us"] = _time(torch, lambda: fwd_bwd(whole, x_full, w_full, b_full, dy_full),
-                                               flush, args.reps)
+                row["sharded_fwd_us"] = t(lambda: sharded(xs, ws, bs))
+                row["gather_fwd_us"] = t(lambda: gathered(xs, w_full, b_full))
+                row["unsharded_fwd_us"] = t(lambda: whole(x_full, w_full, b_full))
+                row["sharded_fwd_host_us"] = _host_time(torch, lambda: sharded(xs, ws, bs), dist)
+            row["sharded_fwdbwd_us"] = t(lambda: fwd_bwd(sharded, xs, ws, bs, dys))
+            row["gather_fwdbwd_us"] = t(lambda: fwd_bwd(gathered, xs, w_full, b_full, dys))
+            row["unsharded_fwdbwd_us"] = t(lambda: fwd_bwd(whole, x_full, w_full, b_full, dy_full))
             rows.append(row)
         if rank == 0:
             out.extend(rows)
@@ -116,16 +158,17 @@ def _rank(rank, tp, port, args, out):
 
 
 def _markdown(rows, gpu):
-    lines = [f"Tensor-parallel norms, {gpu}: CUDA events on rank 0 (kernels and collectives), L2 flushed, median; "
-             "us per call.", "",
+    lines = [f"Tensor-parallel norms, {gpu}: CUDA graph replays on rank 0 (kernels and collectives, every rank in "
+             "lockstep), L2 flushed before each call, median; us per call. host: wall us of one eager sharded "
+             "forward call on the host.", "",
              "| shape | TP | norm | sharded fwd | gather fwd | unsharded fwd | sharded fwd+bwd | gather fwd+bwd "
-             "| unsharded fwd+bwd | gather / sharded fwd |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| unsharded fwd+bwd | gather / sharded fwd | host fwd |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['shape']} | {r['tp']} | {r['norm']} {r['dtype']} | {r['sharded_fwd_us']:.2f} | "
                      f"{r['gather_fwd_us']:.2f} | {r['unsharded_fwd_us']:.2f} | {r['sharded_fwdbwd_us']:.2f} | "
                      f"{r['gather_fwdbwd_us']:.2f} | {r['unsharded_fwdbwd_us']:.2f} | "
-                     f"{r['gather_fwd_us'] / r['sharded_fwd_us']:.2f}x |")
+                     f"{r['gather_fwd_us'] / r['sharded_fwd_us']:.2f}x | {r['sharded_fwd_host_us']:.0f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -136,7 +179,8 @@ def main():
                     help="M x N (N the whole hidden size, divisible by --tp), comma-separated")
     ap.add_argument("--norm", choices=["rms", "ln"], default="rms")
     ap.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
-    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--reps", type=int, default=20, help="calls captured in one graph")
+    ap.add_argument("--rounds", type=int, default=15, help="graph replays timed (the median is reported)")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     args = ap.parse_args()

@@ -1,3 +1,4 @@
+#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
@@ -6,6 +7,8 @@
 #include <mutex>
 #include <set>
 #include <unordered_map>
+
+#include <unistd.h>  // isatty
 
 #include <fmt/format.h>
 
@@ -97,7 +100,9 @@ struct Engine::Impl {
   TuneResult tune_and_store(std::unique_lock<std::mutex>& lk, DeviceState& st, Op op, const NormDesc& d,
                             bool whole_grid = false) {
     ProgressFn progress;
-    if (opt.verbose)
+    // A line redrawn in place: on a terminal only (in a log, and with several
+    // devices tuning at once, the redraws would run together).
+    if (opt.verbose && isatty(fileno(stderr)))
       progress = [&](int done, int total, const std::string& text) {
         std::fprintf(stderr, "\rnormjit: tuning %s %s [%d/%d] %-40s", op_label(op, d.norm).c_str(), d.str().c_str(), done, total,
                      text.c_str());
