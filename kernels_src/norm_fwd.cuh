@@ -794,8 +794,11 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     float row_amax = 0.f;
     // Token rows of up to 32 elements a thread keep the y they computed for
     // the amax, rather than computing it again to store (fewer instructions
-    // a chunk; measured within 3% either way on an H200's whole grids).
-    constexpr bool CACHE_Y = (QUANT == nj::Q_TOKEN || STATIC_AMAX) && !FOLD && L::ITERS * S::VEC <= 32;
+    // a chunk; measured within 3% either way on an H200's whole grids); so
+    // do the one-launch tensor kernel's unstaged rows (decode: the weight
+    // not loaded again after the amax).
+    constexpr bool CACHE_Y = (QUANT == nj::Q_TOKEN || STATIC_AMAX || (QUANT == nj::Q_TENSOR && ONCE && !STAGED)) &&
+                             !FOLD && L::ITERS * S::VEC <= 32;
     float yc[CACHE_Y ? L::ITERS : 1][S::VEC];
     if constexpr (ROW_AMAX) {
       // Token and tensor scales need the row's amax before its first store.
