@@ -251,6 +251,38 @@ TEST_CASE("cache migrate: entries whose kernels compile to the same machine code
   }
 }
 
+TEST_CASE("cache migrate: an edit of only the one-launch kernel leaves a tensor-scaled entry stale") {
+  // Tensor scaling at decode runs normjit_norm_fwd_once, a kernel of the
+  // same module as the row kernel: its timing is the entry's too.
+  const char* shape = "rms:bf16:1x4096:quant=e4m3/tensor";
+  const NormDesc d = parse_shape_spec(shape).desc;
+  TunedEntry e = real_entry(shape, Op::Forward);
+  const KernelSpec s = tuned_spec(Op::Forward, d, e.winner);
+  REQUIRE(s.once_kernel_name() != nullptr);
+  SourceMap once = kernel_sources();
+  const std::string sync = "__syncthreads();  // amax is visible to the block";
+  const std::size_t at = once["norm_fwd.cuh"].find(sync);
+  REQUIRE(at != std::string::npos);
+  once["norm_fwd.cuh"].replace(at, sync.size(), "__syncthreads();\n  __syncthreads();");
+  const std::string now =
+      compile_cubin(s.source(), "a.cu", kernel_sources(), nvrtc_options(), s.kernel_name(), "sm_90").cubin;
+  const std::string old = compile_cubin(s.source(), "b.cu", once, nvrtc_options(), s.kernel_name(), "sm_90").cubin;
+  CHECK(machine_code_fingerprint(now, s.kernel_name()) == machine_code_fingerprint(old, s.kernel_name()));
+  CHECK(machine_code_fingerprint(now, s.once_kernel_name()) != machine_code_fingerprint(old, s.once_kernel_name()));
+
+  const auto dir = normjit_test::make_temp_dir("migrate-once");
+  const std::string path = (*dir / "cache.json").string();
+  const DeviceFingerprint dev{"NVIDIA H100 80GB HBM3", 9, 0, 132, 50 * 1024 * 1024};
+  e.kernel_hash = s.source_hash(once);  // tuned "with" the edited sources
+  const std::string key = shape_key(Op::Forward, d);
+  merge_into_tuned_cache_file(path, dev, CacheMetadata{"0.1.0", "old", "13.0", 13000}, {{key, e}});
+  const MigrationReport r = migrate_tuned_cache_file(path, once, "sm_90", true, [](const std::string&) {});
+  CHECK(r.changed == 1);
+  CHECK(r.migrated == 0);
+  REQUIRE(r.changed_keys.size() == 1);
+  CHECK(r.changed_keys[0] == key);
+}
+
 // The hand-kept keys cover every field: a Variant field changes the shape key
 // (Variant::tags) and the kernel's source (its prelude), and a KernelSpec
 // field its name (the cubin cache's file) and source hash (tuned entries).

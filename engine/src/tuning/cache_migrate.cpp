@@ -13,6 +13,19 @@
 
 namespace normjit::detail {
 
+namespace {
+// The machine code of every kernel of `s`'s module that a tuned entry's
+// launches run: the row kernel, and the one-launch (tensor scaling at
+// decode) and q transpose kernels where the spec has them (an edit of only
+// the one-launch kernel changes what a decode call runs).
+std::string module_fingerprint(const std::string& cubin, const KernelSpec& s) {
+  std::string f = machine_code_fingerprint(cubin, s.kernel_name());
+  for (const char* k : {s.once_kernel_name(), s.transpose_kernel_name()})
+    if (k) f += fmt::format("|{}:", k) + machine_code_fingerprint(cubin, k);
+  return f;
+}
+}  // namespace
+
 MigrationReport migrate_tuned_cache_file(const std::string& path, const SourceMap& old_files, const std::string& arch,
                                          bool write, const WarnFn& warn) {
   auto file = read_tuned_cache_file(path, warn);
@@ -44,8 +57,7 @@ MigrationReport migrate_tuned_cache_file(const std::string& path, const SourceMa
     const std::string src = s.source();
     const auto before = compile_cubin(src, s.name() + ".cu", old_files, nvrtc_options(), s.kernel_name(), arch);
     const auto after = compile_cubin(src, s.name() + ".cu", kernel_sources(), nvrtc_options(), s.kernel_name(), arch);
-    const bool eq = machine_code_fingerprint(before.cubin, s.kernel_name()) ==
-                    machine_code_fingerprint(after.cubin, s.kernel_name());
+    const bool eq = module_fingerprint(before.cubin, s) == module_fingerprint(after.cubin, s);
     std::lock_guard<std::mutex> lk(mu);
     same[s.name()] = eq;
   });

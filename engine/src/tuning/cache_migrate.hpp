@@ -25,8 +25,10 @@ struct MigrationReport {
 /// `if constexpr`). For each entry of the file at `path` whose hash is its
 /// winner's source hash under `old_files` (the templates it was tuned with),
 /// this compiles the winner from `old_files` and from the current sources
-/// for `arch`; where machine_code_fingerprint is equal, the tuned time still
-/// describes the kernel and the entry gets the current hash. With `write`,
+/// for `arch`; where machine_code_fingerprint is equal for every kernel the
+/// entry's launches run (the row kernel, and the spec's one-launch and q
+/// transpose kernels where it has them), the tuned time still describes the
+/// kernels and the entry gets the current hash. With `write`,
 /// the file is rewritten (atomically) with the renewed entries and the
 /// current kernel_source_hash. Needs NVRTC, no GPU. Throws Error(Cache) for
 /// a file that cannot be read.
