@@ -29,6 +29,7 @@ import json
 import os
 import socket
 import statistics
+import time
 
 
 def _free_port():
@@ -77,7 +78,6 @@ def _graph_time(torch, fn, flush, reps, rounds, dist):
 
 def _host_time(torch, fn, dist, reps=20):
     """Wall us of one eager call on the host (launches and Python, the GPU not waited for)."""
-    import time
     fn()
     torch.cuda.synchronize()
     dist.barrier()

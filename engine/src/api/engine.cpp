@@ -459,6 +459,17 @@ void require_ptr(const void* p, const char* what, const char* why, const Sharded
                 shard_op(d, backward), d.str());
 }
 
+// The pointers both backward calls read: dy, x and the forward's rstd (and
+// mean, LayerNorm), and the weight where the desc has one.
+void require_backward_inputs(const ShardedNormDesc& d, const void* dy, const void* x, const void* weight,
+                             const float* mean, const float* rstd) {
+  require_ptr(dy, "dy", "the output's gradient", d, true);
+  require_ptr(x, "x", "the forward's input", d, true);
+  require_ptr(rstd, "rstd", "the forward's [M] fp32 rstd", d, true);
+  if (d.has_weight) require_ptr(weight, "weight", "has_weight = true", d, true);
+  if (d.norm == NormKind::LayerNorm) require_ptr(mean, "mean", "LayerNorm: the forward's [M] fp32 mean", d, true);
+}
+
 void validate_shard(const ShardedNormDesc& d, bool backward) {
   try {
     d.validate();
@@ -527,12 +538,8 @@ void Engine::sharded_backward_stats(const ShardedNormDesc& d, const void* dy, co
                                     const float* mean, const float* rstd, double* stats, CUstream stream) {
   validate_shard(d, true);
   if (d.M == 0) return;
-  require_ptr(dy, "dy", "the output's gradient", d, true);
-  require_ptr(x, "x", "the forward's input", d, true);
-  require_ptr(rstd, "rstd", "the forward's [M] fp32 rstd", d, true);
+  require_backward_inputs(d, dy, x, weight, mean, rstd);
   require_ptr(stats, "stats", "[M, 2] float64 partial sums, written", d, true);
-  if (d.has_weight) require_ptr(weight, "weight", "has_weight = true", d, true);
-  if (d.norm == NormKind::LayerNorm) require_ptr(mean, "mean", "LayerNorm: the forward's [M] fp32 mean", d, true);
   if (!d.has_weight) weight = nullptr;
   const auto l = impl_->shard_launch(d, {{dy, d.y_dtype}, {x, d.x_dtype}});
   long long M = d.M;
@@ -553,17 +560,11 @@ void Engine::sharded_backward_apply(const ShardedNormDesc& d, const void* dy, co
                                     CUstream stream) {
   validate_shard(d, true);
   if (d.M == 0) return;
-  require_ptr(dy, "dy", "the output's gradient", d, true);
-  require_ptr(x, "x", "the forward's input", d, true);
-  require_ptr(rstd, "rstd", "the forward's [M] fp32 rstd", d, true);
+  require_backward_inputs(d, dy, x, weight, mean, rstd);
   require_ptr(stats, "stats", "every rank's backward partial sums, summed", d, true);
   require_ptr(dx, "dx", "the input's gradient, written", d, true);
-  if (d.has_weight) {
-    require_ptr(weight, "weight", "has_weight = true", d, true);
-    require_ptr(dweight, "dweight", "has_weight = true", d, true);
-  }
+  if (d.has_weight) require_ptr(dweight, "dweight", "has_weight = true", d, true);
   if (d.has_bias) require_ptr(dbias, "dbias", "has_bias = true", d, true);
-  if (d.norm == NormKind::LayerNorm) require_ptr(mean, "mean", "LayerNorm: the forward's [M] fp32 mean", d, true);
   const std::size_t need = sharded_backward_workspace_size(d);
   if (need && (!workspace || workspace_bytes < need))
     throw Error(ErrorKind::InvalidArgument,
