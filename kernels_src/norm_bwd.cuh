@@ -34,27 +34,25 @@
 namespace nj {
 
 // DW_CLUSTER: defined only by the preludes of configs whose grid is one
-// cluster (decode rows): its CTAs take whole rows (CLUSTER is 1) and sum
-// their dw / db rows through distributed shared memory at the end, so no
-// finalize launch follows. A function, not a data member (see peel_of).
+// cluster (decode rows, norm_bwd_dc below): its CTAs split every row's
+// columns, and since the one cluster sees every row, each CTA writes the
+// dw / db of its columns itself: no partial rows, no finalize launch. A
+// function, not a data member (see peel_of).
 template <class S> constexpr auto dw_cluster_or0(int) -> decltype(S::DW_CLUSTER + 0) { return S::DW_CLUSTER; }
 template <class S> constexpr int dw_cluster_or0(long) { return 0; }
 template <class S> constexpr bool dw_cluster_of() { return dw_cluster_or0<S>(0) != 0; }
+template <class S> constexpr auto dc_rows_or0(int) -> decltype(S::DC_ROWS + 0) { return S::DC_ROWS; }
+template <class S> constexpr int dc_rows_or0(long) { return 0; }
 
 // Every thread of every CTA of the cluster arrives; the release / acquire
 // pair makes each CTA's shared-memory writes visible to the others' reads.
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-// The float at `p` (this CTA's shared memory) in the CTA of rank `rank`.
-__device__ __forceinline__ float peer_load(const float* p, unsigned rank) {
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(remote)
-               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(p))), "r"(rank));
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-  return v;
+__host__ __device__ constexpr int pad16(int bytes) { return (bytes + 15) / 16 * 16; }
+// Stores v at `p` (this CTA's shared memory) in the CTA of rank `rank`.
+__device__ __forceinline__ void peer_store(float* p, unsigned rank, float v) {
+  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(dsmem_map(smem_addr(p), rank)), "f"(v) : "memory");
 }
 
 template <class S> constexpr int kPartials = (S::HAS_W ? 1 : 0) + (S::HAS_B ? 1 : 0);
@@ -285,15 +283,13 @@ __device__ __forceinline__ void bwd_row(const NormArgs& a, const BwdRow<S>& R, S
 
 // End of a program: its dw / db sums to the partial rows. Several row groups
 // per program add their shares in group order through `smem`
-// (kPartials x N floats). DW_CLUSTER: every CTA's sums go to its `smem`,
-// and each CTA adds its share of the columns over the cluster's CTAs in
-// rank order (deterministic) and writes dw / db.
+// (kPartials x N floats).
 template <class S, class Share>
 __device__ __forceinline__ void emit_sums(const NormArgs& a, const Share& share, const Cols<S>& tc, float* smem) {
   using L = Layout<S>;
   constexpr int P = kPartials<S>;
   if constexpr (P == 0) return;
-  if constexpr (S::ROWS == 1 && !dw_cluster_of<S>()) {
+  if constexpr (S::ROWS == 1) {
 #pragma unroll
     for (int p = 0; p < P; ++p)
 #pragma unroll
@@ -322,21 +318,7 @@ __device__ __forceinline__ void emit_sums(const NormArgs& a, const Share& share,
       }
       __syncthreads();
     }
-    if constexpr (dw_cluster_of<S>()) {
-      cluster_sync();  // every CTA's sums are in its shared memory
-      constexpr int T = S::TPR * S::ROWS;
-      const unsigned ctas = gridDim.x, me = blockIdx.x;  // the grid is the cluster
-      for (int j = me * T + threadIdx.x; j < P * S::N; j += ctas * T) {
-        float t = 0.f;
-        for (unsigned r = 0; r < ctas; ++r) t += peer_load(smem + j, r);
-        const bool is_db = !S::HAS_W || j >= S::N;
-        auto* out = static_cast<typename S::w_t*>(is_db ? a.db : a.dw);
-        out[j % S::N] = from_float<typename S::w_t>(t);
-      }
-      cluster_sync();  // no CTA leaves while a peer reads its shared memory
-    } else {
-      for (int j = threadIdx.x; j < P * S::N; j += S::TPR * S::ROWS) emit<S>(a, j / S::N, j % S::N, smem[j]);
-    }
+    for (int j = threadIdx.x; j < P * S::N; j += S::TPR * S::ROWS) emit<S>(a, j / S::N, j % S::N, smem[j]);
   }
 }
 
@@ -430,7 +412,7 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
       nj::bwd_row<S>(a, cur, share, row, tc, sums);
     }
     nj::cp_async_wait<0>();
-    if constexpr (S::ROWS > 1 || nj::dw_cluster_of<S>()) __syncthreads();  // every thread is done with the stages: reuse them
+    if constexpr (S::ROWS > 1) __syncthreads();  // every thread is done with the stages: reuse them
     nj::emit_sums<S>(a, share, tc, reinterpret_cast<float*>(stage_smem));
   } else if constexpr (!S::TWO_PASS) {
     static_assert(!S::DW_SMEM, "rows in registers keep dw in registers");
@@ -453,13 +435,8 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
       r0.load(a, base + rg, tc);
       nj::bwd_row<S>(a, r1, share, next + rg, tc, sums);
     }
-    if constexpr (nj::dw_cluster_of<S>()) {
-      extern __shared__ __align__(16) unsigned char dw_smem[];  // kPartials x N floats (dynamic)
-      nj::emit_sums<S>(a, share, tc, reinterpret_cast<float*>(dw_smem));
-    } else {
-      __shared__ float dsum[S::ROWS > 1 ? (P > 0 ? P : 1) * S::N : 1];
-      nj::emit_sums<S>(a, share, tc, dsum);
-    }
+    __shared__ float dsum[S::ROWS > 1 ? (P > 0 ? P : 1) * S::N : 1];
+    nj::emit_sums<S>(a, share, tc, dsum);
   } else {
     // Wide rows: two passes over x and dy per row; this program's partial
     // rows (fp32, mostly L2-resident) accumulate dw and db in place. In a
@@ -663,6 +640,236 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
   }
 }
 
+// Decode rows (DW_CLUSTER): the grid is one cluster of CLUSTER CTAs, CTA k
+// owning slice k of every row's columns. Rows go in batches of DC_ROWS
+// through dynamic shared memory:
+//  1. every copy of the batch (x, dy, dresidual slices) issued at once by
+//     all threads with cp.async: one memory latency a batch, where a loop
+//     over rows pays one a row;
+//  2. a warp a row sums its slice (sum g * xhat, sum g) and stores the sums
+//     into every peer's receive buffer; one cluster barrier; each CTA adds
+//     the CTAs' sums in rank order (the same bits in every CTA);
+//  3. ROWS row groups of TPR threads, each thread a column chunk, write dx
+//     (group g the rows g, g + ROWS, ...) and add dw / db in registers.
+// Since the one cluster sees every row, the groups' sums are final after
+// the last batch: they are added in group order through shared memory and
+// each CTA writes its columns of dw and db. No partial rows, no finalize
+// launch. Every phase spreads over all the CTA's threads: with a thread a
+// column for every row, 64 rows of 7168 ran 18 us on an H200 against 6.6
+// for the best two-launch config.
+// The receive buffers alternate between batches: a CTA stores into a
+// peer's buffer b only after the barrier that the peer reaches when done
+// reading it two batches back. Shared memory layout (16-byte aligned
+// arrays; row_budget.cpp's dc_batch computes the same size): x[R][SL],
+// dy[R][SL], dresidual[R][SL] (DRES) -- after the last batch the groups'
+// sums [ROWS - 1][P][SL] floats in their place --, w[SL], then floats
+// recv[2][C][R][K], sums[R][K], stats[R][2] (rstd, mean).
+template <class S> __device__ __forceinline__ void norm_bwd_dc(const nj::NormArgs& a) {
+  using x_t = typename S::x_t;
+  using y_t = typename S::y_t;
+  using w_t = typename S::w_t;
+  using ro_t = typename S::ro_t;
+  using dx_t = typename S::dx_t;
+  using index_t = typename S::index_t;
+  using L = nj::Layout<S>;
+  constexpr int V = S::VEC, T = S::TPR * S::ROWS, G = S::ROWS, C = S::CLUSTER, R = nj::dc_rows_or0<S>(0);
+  constexpr int SL = L::SLICE, SLC = L::SLICE_CHUNKS, P = nj::kPartials<S>;
+  constexpr int K = S::LAYERNORM ? 2 : 1;  // row sums: sum g * (x - mean), and sum g
+  static_assert(C > 1 && R > 0 && T >= 32 && !S::TWO_PASS && nj::xgroup_of<S>() == 0 && P > 0,
+                "a decode cluster: whole warps, rows in shared memory, no FP8 x, dw or db to sum");
+  static_assert(S::N % V == 0, "whole chunks");
+  using nj::pad16;
+  constexpr int XO = 0, YO = XO + pad16(R * SL * (int)sizeof(x_t)), RO = YO + pad16(R * SL * (int)sizeof(y_t));
+  constexpr int ROWS_END = RO + (S::DRES ? pad16(R * SL * (int)sizeof(ro_t)) : 0);
+  constexpr int RED_END = G > 1 ? pad16((G - 1) * P * SL * 4) : 0;
+  constexpr int WO = ROWS_END > RED_END ? ROWS_END : RED_END;
+  constexpr int FO = WO + (S::HAS_W ? pad16(SL * (int)sizeof(w_t)) : 0);
+  extern __shared__ __align__(16) unsigned char dc_smem[];
+  x_t* xs = reinterpret_cast<x_t*>(dc_smem + XO);
+  y_t* dys = reinterpret_cast<y_t*>(dc_smem + YO);
+  ro_t* drs = reinterpret_cast<ro_t*>(dc_smem + RO);
+  w_t* ws = reinterpret_cast<w_t*>(dc_smem + WO);
+  float* recv = reinterpret_cast<float*>(dc_smem + FO);  // [2][C][R][K]
+  float* sums = recv + 2 * C * R * K;                    // [R][K]
+  float* stats = sums + R * K;                           // [R][2]
+
+  // Peers' stores may target this CTA's shared memory only once it runs:
+  // arrive now, wait before the first store (the copies overlap it).
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  const unsigned rank = nj::cluster_rank();
+  const int c0 = static_cast<int>(rank) * SL;
+  const int grp = threadIdx.x / S::TPR;
+  const nj::Cols<S> tc{c0, static_cast<int>(threadIdx.x % S::TPR)};
+  const long long M = a.M;
+  // Chunks of this CTA's slice that lie in the row (the last CTAs' may end early).
+  const int rest = S::N / V - static_cast<int>(rank) * SLC;
+  const int chunks = rest < 0 ? 0 : rest < SLC ? rest : SLC;
+
+  // The slice's weight lands in shared memory with the first batch's rows
+  // (the row sums read all of it; each thread then takes its chunks into
+  // registers): loaded before them, its round trip had preceded theirs.
+  if constexpr (S::HAS_W)
+    for (int j = threadIdx.x; j < chunks; j += T) {
+      const w_t* src = static_cast<const w_t*>(a.w) + c0 + j * V;
+      if constexpr (sizeof(w_t) * V >= 4) nj::cp_async<(int)sizeof(w_t) * V>(ws + j * V, src);
+      else *reinterpret_cast<nj::Vec<w_t, V>*>(ws + j * V) = *reinterpret_cast<const nj::Vec<w_t, V>*>(src);
+    }
+  float wf[L::ITERS][V], aw[L::ITERS][V], ab[L::ITERS][V];
+#pragma unroll
+  for (int i = 0; i < L::ITERS; ++i)
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      aw[i][k] = 0.f;
+      ab[i][k] = 0.f;
+    }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int batch = 0;
+  for (long long b0 = 0; b0 < M; b0 += R, ++batch) {
+    const int rows = M - b0 < R ? static_cast<int>(M - b0) : R;
+    // 1. The batch's slices, all in flight; chunk q of the batch is chunk
+    // q % chunks of its row q / chunks.
+    auto source = [&](int q, int& o, long long& row, int& col) {
+      const int m = q / chunks, j = q - m * chunks;
+      row = b0 + m;
+      col = c0 + j * V;
+      o = m * SL + j * V;
+    };
+    static_assert(sizeof(x_t) * V >= 4 && sizeof(y_t) * V >= 4 && (!S::DRES || sizeof(ro_t) * V >= 4),
+                  "cp.async moves 4 bytes or more");
+    for (int q = threadIdx.x; q < rows * chunks; q += T) {
+      int o, col;
+      long long row;
+      source(q, o, row, col);
+      nj::cp_async<(int)sizeof(x_t) * V>(
+          xs + o, static_cast<const x_t*>(a.x) + nj::row_offset<S::HEADS, index_t>(row, a.x_ld, a.x_hs, a.heads) + col);
+      nj::cp_async<(int)sizeof(y_t) * V>(
+          dys + o, static_cast<const y_t*>(a.dy) + nj::row_offset<S::HEADS, index_t>(row, a.dy_ld, a.dy_hs, a.heads) + col);
+      if constexpr (S::DRES)
+        nj::cp_async<(int)sizeof(ro_t) * V>(
+            drs + o, static_cast<const ro_t*>(a.dresidual) + (index_t)row * (index_t)a.dres_ld + col);
+    }
+    for (int m = threadIdx.x; m < rows; m += T) {  // also in flight: no load waits before the copies land
+      nj::cp_async<4>(stats + 2 * m, a.rstd + b0 + m);
+      if constexpr (S::LAYERNORM) nj::cp_async<4>(stats + 2 * m + 1, a.mean + b0 + m);
+      else stats[2 * m + 1] = 0.f;
+    }
+    nj::cp_async_commit();
+    nj::cp_async_wait<0>();
+    __syncthreads();  // rows, weights and stats are read by other threads than their loaders
+    if (batch == 0) {
+      asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+#pragma unroll
+      for (int i = 0; i < L::ITERS; ++i)
+#pragma unroll
+        for (int k = 0; k < V; ++k)
+          wf[i][k] = S::HAS_W && tc.in(i) ? nj::to_float(ws[tc.chunk(i) * V + k]) + S::W_OFFSET : 0.f;
+    }
+    // 2. Row sums: a warp a row over the slice, to every peer.
+    float* rb = recv + (batch & 1) * C * R * K;
+    for (int m = warp; m < rows; m += T / 32) {
+      const float mu = stats[2 * m + 1];
+      float c[2] = {0.f, 0.f};
+      for (int j = lane; j < chunks; j += 32) {
+        const auto xv = *reinterpret_cast<const nj::Vec<x_t, V>*>(xs + m * SL + j * V);
+        const auto dv = *reinterpret_cast<const nj::Vec<y_t, V>*>(dys + m * SL + j * V);
+        nj::Vec<w_t, V> wv;
+        if constexpr (S::HAS_W) wv = *reinterpret_cast<const nj::Vec<w_t, V>*>(ws + j * V);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const float g = nj::to_float(dv.v[k]) * (S::HAS_W ? nj::to_float(wv.v[k]) + S::W_OFFSET : 1.f);
+          c[0] += g * (nj::to_float(xv.v[k]) - mu);
+          if constexpr (S::LAYERNORM) c[1] += g;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const float t = nj::warp_sum(c[k]);
+        if (lane < C) nj::peer_store(rb + (rank * R + m) * K + k, lane, t);
+      }
+    }
+    nj::cluster_sync();  // every CTA's sums of this batch have landed in every CTA
+    for (int t = threadIdx.x; t < rows * K; t += T) {
+      float v = 0.f;
+#pragma unroll
+      for (int r = 0; r < C; ++r) v += rb[r * R * K + t];
+      sums[t] = v;
+    }
+    __syncthreads();
+    // 3. dx of the group's rows; dw and db in registers.
+    for (int m = grp; m < rows; m += G) {
+      const long long row = b0 + m;
+      const float r = stats[2 * m], mu = stats[2 * m + 1];
+      const float c2 = sums[m * K] * r * (1.0f / S::N), c1 = S::LAYERNORM ? sums[m * K + K - 1] * (1.0f / S::N) : 0.f;
+      dx_t* dxr = static_cast<dx_t*>(a.dx) + nj::row_offset<S::HEADS, index_t>(row, a.dx_ld, a.dx_hs, a.heads);
+#pragma unroll
+      for (int i = 0; i < L::ITERS; ++i) {
+        if (!tc.in(i)) continue;
+        const int o = m * SL + tc.chunk(i) * V;
+        const auto xv = *reinterpret_cast<const nj::Vec<x_t, V>*>(xs + o);
+        const auto dv = *reinterpret_cast<const nj::Vec<y_t, V>*>(dys + o);
+        nj::Vec<ro_t, V> dr;
+        if constexpr (S::DRES) dr = *reinterpret_cast<const nj::Vec<ro_t, V>*>(drs + o);
+        nj::Vec<dx_t, V> dxv;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const float xh = (nj::to_float(xv.v[k]) - mu) * r;
+          const float d = nj::to_float(dv.v[k]);
+          float v = r * (d * (S::HAS_W ? wf[i][k] : 1.f) - c1 - xh * c2);
+          if constexpr (S::DRES) v += nj::to_float(dr.v[k]);
+          dxv.v[k] = nj::from_float<dx_t>(v);
+          aw[i][k] += d * xh;
+          ab[i][k] += d;
+        }
+        nj::store_chunk<S::N, V>(dxr, tc.col(i), dxv, true);
+      }
+    }
+    __syncthreads();  // the next batch's copies (or the groups' sums) overwrite the rows
+  }
+  if (M <= 0) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // the arrival above needs its wait
+  // The groups' sums: groups 1.. through shared memory, added by group 0
+  // in group order (deterministic); then dw and db of this CTA's columns.
+  float* red = reinterpret_cast<float*>(dc_smem);  // [G - 1][P][SL], over the rows
+  auto slot = [&](int g, int p, int i, int k) { return ((g - 1) * P + p) * SL + tc.chunk(i) * V + k; };
+  if constexpr (G > 1) {
+    if (grp > 0) {
+#pragma unroll
+      for (int i = 0; i < L::ITERS; ++i)
+        if (tc.in(i))
+#pragma unroll
+          for (int k = 0; k < V; ++k) {
+            if constexpr (S::HAS_W) red[slot(grp, 0, i, k)] = aw[i][k];
+            if constexpr (S::HAS_B) red[slot(grp, P - 1, i, k)] = ab[i][k];
+          }
+    }
+    __syncthreads();
+  }
+  if (grp > 0) return;
+#pragma unroll
+  for (int i = 0; i < L::ITERS; ++i) {
+    if (!tc.in(i)) continue;
+    nj::Vec<w_t, V> wv, bv;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      float sw = aw[i][k], sb = ab[i][k];
+#pragma unroll
+      for (int g = 1; g < G; ++g) {
+        if constexpr (S::HAS_W) sw += red[slot(g, 0, i, k)];
+        if constexpr (S::HAS_B) sb += red[slot(g, P - 1, i, k)];
+      }
+      wv.v[k] = nj::from_float<w_t>(sw);
+      bv.v[k] = nj::from_float<w_t>(sb);
+    }
+    if constexpr (S::HAS_W) nj::store_chunk<S::N, V>(static_cast<w_t*>(a.dw), tc.col(i), wv, true);
+    if constexpr (S::HAS_B) nj::store_chunk<S::N, V>(static_cast<w_t*>(a.db), tc.col(i), bv, true);
+  }
+}
+
+// A template, so that only the path a Spec takes is instantiated.
+template <class S> __device__ __forceinline__ void norm_bwd_entry(const nj::NormArgs& a) {
+  if constexpr (nj::dw_cluster_of<S>()) norm_bwd_dc<S>(a);
+  else norm_bwd<S>(a);
+}
+
 extern "C" __global__ void __launch_bounds__(Spec::TPR * Spec::ROWS) normjit_norm_bwd(const nj::NormArgs a) {
-  norm_bwd<Spec>(a);
+  norm_bwd_entry<Spec>(a);
 }

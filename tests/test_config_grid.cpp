@@ -548,46 +548,71 @@ TEST_CASE("config_grid: clusters split wide rows and decode rows, only where the
 }
 
 TEST_CASE("config_grid: a grid of one cluster (dw_cluster) for decode backward rows with dweight or dbias") {
-  const LaunchConfig dc = LaunchConfig::parse("v8.t1024.r1.c4.dc.s2");
+  const LaunchConfig dc = LaunchConfig::parse("v8.t256.r1.c4.dc");
   CHECK(dc.dw_cluster);
   CHECK(dc.cluster == 4);
-  CHECK(dc.row_split() == 1);
-  CHECK(dc.str() == "v8.t1024.r1.c4.dc.s2");
+  CHECK(dc.row_split() == 4);
+  CHECK(dc.str() == "v8.t256.r1.c4.dc");
   CHECK_THROWS_AS(LaunchConfig::parse("v8.t1024.r1.dc"), Error);  // needs a cluster
   std::string why;
   const NormDesc d = make_desc(4, 8192);
   CHECK_MESSAGE(config_valid(Op::Backward, d, dc, &why, 16), why);
-  // Its CTAs take whole rows: a slice is the row, and 1024 threads hold it.
-  CHECK(slice_columns(d.N, dc) == 8192);
+  // Its CTAs split every row: a slice of 2048 columns each.
+  CHECK(slice_columns(d.N, dc) == 2048);
   CHECK_FALSE(config_valid(Op::Forward, make_desc(4, 8192), dc, &why, 16));
-  LaunchConfig bad = dc;
-  bad.programs_per_sm = 2;
-  CHECK_FALSE(config_valid(Op::Backward, d, bad, &why, 16));
+  for (const char* bad_cfg : {"v8.t256.r1.c4.dc.p2", "v8.t256.r1.c4.dc.s2", "v8.t16.r1.c4.dc"})
+    CHECK_FALSE(config_valid(Op::Backward, d, LaunchConfig::parse(bad_cfg), &why, 16));
   NormDesc no_w = d;
   no_w.has_weight = false;  // RMSNorm without a weight: nothing to sum
   CHECK_FALSE(config_valid(Op::Backward, no_w, dc, &why, 16));
-  CHECK_FALSE(config_valid(Op::Backward, make_desc(4, 65536, DType::F32, DType::F32), dc, &why, 16));  // 256 KiB of sums
+  // The batch: the largest power of two of rows (64 at most) whose slices
+  // (x, dy), weight and exchange buffers fit the shared-memory budget.
+  const detail::Variant v = make_variant(Op::Backward, d);
+  const DcBatch b = dc_batch(v, d.N, dc);
+  // 2048 bf16 columns of x and dy: 8 KiB a row; 32 rows (256 KiB) do not fit.
+  CHECK(b.rows == 16);
+  // 16 rows' slices, the weight's slice, then floats: sums received from 4
+  // CTAs twice over, the rows' sums and (rstd, mean).
+  CHECK(b.bytes == 16 * 8192 * 1 + 4096 + 4 * (2 * 4 * 16 + 16 + 2 * 16));
+  const DcBatch wide = dc_batch(v, 131072, LaunchConfig::parse("v8.t1024.r1.c16.dc"));
+  CHECK(wide.rows == 4);  // 8192 columns a CTA: 32 KiB a row of x and dy
+  CHECK(wide.bytes == 4 * 32768 + 16384 + 4 * (2 * 16 * 4 + 4 + 2 * 4));
+  CHECK(dc_batch(v, 512, LaunchConfig::parse("v8.t32.r1.c2.dc")).rows == kDcMaxRows);
+  // Row groups (r4: four groups of 128 threads take every fourth row) sum
+  // dweight apart, then through shared memory in the rows' place: 3 groups'
+  // 2048-column sums (24 KiB) fit within 16 rows' slices.
+  const LaunchConfig groups = LaunchConfig::parse("v8.t128.r4.c4.dc");
+  CHECK_MESSAGE(config_valid(Op::Backward, d, groups, &why, 16), why);
+  CHECK(dc_batch(v, d.N, groups).bytes == b.bytes);
+  // 7 groups' sums of 8192 columns (224 KiB) and the weight exceed the budget.
+  CHECK(dc_batch(v, 131072, LaunchConfig::parse("v8.t128.r8.c16.dc")).rows == 0);
+  CHECK_FALSE(config_valid(Op::Backward, make_desc(2, 262144, DType::F32, DType::F32),
+                           LaunchConfig::parse("v4.t1024.r1.c2.dc"), &why, 16));  // 1 MiB a row slice
   // One program: the grid is the cluster, and no finalize launch follows.
   const Geometry g = launch_geometry(Op::Backward, d, dc, 132, 1, 30);
   CHECK(g.grid == 4);
   CHECK(g.programs == 1);
   CHECK(launch_geometry(Op::Backward, make_desc(37, 8192), dc, 132, 1, 30).grid == 4);
-  // In the grid for decode rows only, with no more CTAs than row groups.
+  // In the grid for decode rows only, in blocks of 128 threads or more.
   auto dcs = [](const NormDesc& x) {
     std::set<int> sizes;
     for (const auto& c : candidate_grid(Op::Backward, x, 16))
-      if (c.dw_cluster) sizes.insert(c.cluster * c.rows_per_pid);
+      if (c.dw_cluster) sizes.insert(c.cluster);
     return sizes;
   };
-  CHECK(dcs(make_desc(1, 8192)).empty());
-  CHECK(*dcs(make_desc(3, 8192)).rbegin() <= 4 * 2);  // M <= 4: a cluster of 4 at one row each (or 2 of r2)
-  CHECK_FALSE(dcs(make_desc(16, 8192)).empty());
+  CHECK(dcs(make_desc(1, 8192)).count(16) == 1);  // a few rows spread over 16 SMs
+  CHECK(dcs(make_desc(3, 8192)).count(16) == 1);
+  for (const auto& c : candidate_grid(Op::Backward, make_desc(3, 8192), 16))
+    if (c.dw_cluster) CHECK(c.threads() >= 128);
+  CHECK_FALSE(dcs(make_desc(64, 8192)).empty());
   CHECK(dcs(make_desc(4096, 8192)).empty());
-  // The spec: its CTAs see CLUSTER = 1 and DW_CLUSTER, and the sums' room.
+  // The spec: CLUSTER is the cluster, DW_CLUSTER and the batch's rows; its
+  // dynamic shared memory is the batch's.
   const KernelSpec s = make_spec(Op::Backward, d, dc);
-  CHECK(s.source().find("CLUSTER = 1;") != std::string::npos);
+  CHECK(s.source().find("CLUSTER = 4;") != std::string::npos);
   CHECK(s.source().find("DW_CLUSTER = true") != std::string::npos);
-  CHECK(s.dynamic_smem() >= 4 * 8192);
+  CHECK(s.source().find(fmt::format("DC_ROWS = {};", b.rows)) != std::string::npos);
+  CHECK(s.dynamic_smem() == b.bytes);
   CHECK(make_spec(Op::Backward, d, LaunchConfig::parse("v8.t1024.r1.s2")).source().find("DW_CLUSTER") ==
         std::string::npos);
 }

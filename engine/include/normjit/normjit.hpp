@@ -332,15 +332,16 @@ struct LaunchConfig {
   /// through distributed shared memory, so a wide row is read once. 1: no
   /// cluster. threads_per_row counts the threads of one CTA.
   int cluster = 1;
-  /// Backward only, with cluster > 1 (decode rows): the grid is one cluster
-  /// whose CTAs take whole rows instead of sharing each, and they sum their
-  /// dweight / dbias rows through distributed shared memory, so no second
+  /// Backward only, with cluster > 1 (decode rows): the grid is one cluster,
+  /// whose CTAs split every row's columns and take the rows in batches
+  /// through shared memory (one exchange of row sums a batch); having seen
+  /// every row, each CTA writes its columns of dweight / dbias, so no second
   /// (finalize) launch follows.
   bool dw_cluster = false;
 
   int threads() const { return threads_per_row * rows_per_pid; }
-  /// CTAs that share one row: the cluster, unless its CTAs take whole rows (dw_cluster).
-  int row_split() const { return dw_cluster || cluster < 1 ? 1 : cluster; }
+  /// CTAs that share one row: the cluster.
+  int row_split() const { return cluster < 1 ? 1 : cluster; }
   /// "v8.t512.r1", "v8.t1024.r1.2p", "v8.t256.r1.s2.p2", "v8.t512.r1.c8", "v8.t1024.r1.c8.dc"; parse() reads the same form.
   std::string str() const;
   static LaunchConfig parse(const std::string& text);

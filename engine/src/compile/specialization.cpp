@@ -38,9 +38,8 @@ bool needs_index64(const NormDesc& d, std::int64_t ld, std::int64_t hs, std::int
 
 int KernelSpec::dynamic_smem() const {
   if (kind != KernelKind::Backward) return 0;
-  const std::int64_t stages = backward_stage_bytes(v, N, cfg, dw_smem);
-  // dw_cluster: the CTA's dweight (and dbias) row, read by its peers, in the stages' place.
-  return static_cast<int>(cfg.dw_cluster ? std::max<std::int64_t>(stages, 4LL * v.partials() * N) : stages);
+  // dw_cluster: its batches of rows (norm_bwd_dc), no stages.
+  return static_cast<int>(cfg.dw_cluster ? dc_batch(v, N, cfg).bytes : backward_stage_bytes(v, N, cfg, dw_smem));
 }
 
 const char* KernelSpec::kernel_name() const {
@@ -136,7 +135,9 @@ std::string KernelSpec::source() const {
                      w.batch);
   }
   if (keep_u) s += "  static constexpr bool KEEP_U = true;\n";
-  if (cfg.dw_cluster) s += "  static constexpr bool DW_CLUSTER = true;\n";
+  if (cfg.dw_cluster)
+    s += fmt::format("  static constexpr bool DW_CLUSTER = true;\n  static constexpr int DC_ROWS = {};\n",
+                     dc_batch(v, N, cfg).rows);
   if (quant) {
     s += fmt::format("  using yhp_t = {};\n  static constexpr int QUANT = {}, QGROUP = {};\n", device_type(v.yhp),
                      static_cast<int>(v.quant), v.qgroup);

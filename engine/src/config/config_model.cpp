@@ -32,7 +32,8 @@ enum : int {
   kSmBw,      // bytes an SM moves per clock at most (its own limit when few SMs share DRAM)
   kAdd,       // share of the shorter of latency and transfer time not hidden by the other
   kCta,       // fwd: per CTA an SM starts (dispatch; the tiny CTAs of narrow rows); bwd: a dw_cluster grid's
-              // own cost (its cluster launch and the barriers around the DSMEM sums)
+              // own cost (its cluster launch, a batch's load latency and its barriers)
+  kDcStep,    // bwd: a dw_cluster CTA's time per KiB of its rows moved (loaded, summed, written)
 };
 
 // Programs (CTAs) one SM holds at once: threads, registers (allocated per
@@ -58,7 +59,7 @@ double rounds_of(double ctas, double slots, double tail) {
 const char* ModelParams::name(int i) {
   static const char* names[kCount] = {"L0",     "Lred",   "Lsync",    "Lcl",  "Lk",   "reg0",
                                       "tail",   "clpack", "bw_eff",   "two_pass", "Lrows", "vec16", "Lcl_log", "sm_bw",
-                                      "add",    "Lcta"};
+                                      "add",    "Lcta",   "Ldc"};
   return i >= 0 && i < kCount ? names[i] : "?";
 }
 
@@ -178,8 +179,23 @@ double backward_ns(const NormDesc& d, const Variant& v, const LaunchConfig& c, c
   const int per_sm = c.programs_per_sm ? std::min(c.programs_per_sm, r) : r;
   const double resident = std::max(1.0, std::floor(static_cast<double>(T.sms) * per_sm / T.cl) *
                                             (T.cl >= 8 ? p[kClPack] : 1.0));
-  // dw_cluster: the grid is cfg.cluster CTAs, each a program of whole rows.
-  const double programs = c.dw_cluster ? c.cluster : std::max(1.0, std::min(T.needed, resident));
+  if (c.dw_cluster) {
+    // One cluster (norm_bwd_dc), its batches one after another: a batch's
+    // copies all in flight (its latency is in Lcta), its bytes at the rate
+    // one SM moves them through the phases (Ldc a KiB), and its row steps at
+    // a reduction step's cost: a warp sums rows of the slice (32 chunks a
+    // step), a thread writes dx of its group's rows, and at the end adds
+    // the other groups' dweight sums.
+    const DcBatch b = dc_batch(v, d.N, c);
+    const double M = static_cast<double>(std::max<std::int64_t>(1, d.M));
+    const double rows = std::min<double>(M, b.rows);
+    const double warps = std::max(1, T.threads / 32);
+    const double steps = std::ceil(rows / warps) * std::ceil(T.slice / c.vec / 32.0) +
+                         std::ceil(rows / c.rows_per_pid) * T.k + (c.rows_per_pid - 1) * T.k;
+    const double t_batch = rows * T.slice * (read + write) / 1024 * p[kDcStep] + steps * p[kLred];
+    return std::ceil(M / b.rows) * (t_batch + p[kCta] + p[kLcl] + p[kClLog] * std::log2(c.cluster));
+  }
+  const double programs = std::max(1.0, std::min(T.needed, resident));
   const double iterations = std::ceil(T.needed / programs);
   const double ctas = programs * T.cl;
   double bytes = static_cast<double>(c.rows_per_pid) * T.slice * (read + write);
@@ -190,9 +206,7 @@ double backward_ns(const NormDesc& d, const Variant& v, const LaunchConfig& c, c
   }
   const double round = T.round_ns(t_row, ctas, bytes, bytes, std::min<double>(T.sms, ctas), false);
   double t = iterations * round;
-  if (c.dw_cluster)  // two cluster barriers around each CTA reading its columns' sums from every peer
-    t += 2 * (p[kLcl] + p[kClLog] * std::log2(c.cluster)) + d.N * 4.0 * v.partials() / T.sm_bw + p[kCta];
-  else if (programs > 1)  // partial dweight rows written, then summed by the finalize launch
+  if (programs > 1)  // partial dweight rows written, then summed by the finalize launch
     t += programs * d.N * 4.0 * v.partials() * 2 / T.bw + p[kTwoPass];
   return t;
 }
@@ -289,10 +303,13 @@ namespace normjit::detail {
 const ModelParams& fitted_params(Op op) {
   // Written by tools/fit_config_model (--write): the fit over
   // autotune_cache/model/*.json (v; with --launched files, the forward's
-  // one-wave constants too). Order: ModelParams::name.
+  // one-wave constants too). Order: ModelParams::name. The backward's Lcta
+  // and Ldc (the one-cluster decode kernel, norm_bwd_dc) were set by a grid
+  // search of those two alone over model/h200-bwd-decode-dc1.json (--iters
+  // 0 --start-bwd=...), the others held; a full fit may move them.
   // fitted-params:begin
-  static const ModelParams fwd{{2423, 5.966, 3.852, 410.6, 221.7, 32, 0.02, 0.02, 1, 3.98, 0.4385, 0.01, 1.151, 56.01, 0.2669, 65.75}, std::nullopt};
-  static const ModelParams bwd{{3084, 38.3, 43.63, 73.68, 206, 26, 0.3246, 1, 0.717, 2112, 541.3, 1.168, 3.099, 153.3, 0.3443, 1500}, std::nullopt};
+  static const ModelParams fwd{{2423, 5.966, 3.852, 410.6, 221.7, 32, 0.02, 0.02, 1, 3.98, 0.4385, 0.01, 1.151, 56.01, 0.2669, 65.75, 0}, std::nullopt};
+  static const ModelParams bwd{{3084, 38.3, 43.63, 73.68, 206, 26, 0.3246, 1, 0.717, 2112, 541.3, 1.168, 3.099, 153.3, 0.3443, 3000, 40}, std::nullopt};
   // fitted-params:end
   return op == Op::Forward ? fwd : bwd;
 }

@@ -132,4 +132,21 @@ std::int64_t backward_stage_bytes(const Variant& v, std::int64_t N, const Launch
          (dw_smem ? slice * (4 * v.partials() + (v.has_w ? dtype_size(v.w) : 0)) : 0);
 }
 
+DcBatch dc_batch(const Variant& v, std::int64_t N, const LaunchConfig& c) {
+  const std::int64_t slice = slice_columns(N, c);
+  const int sums = v.norm == NormKind::LayerNorm ? 2 : 1;
+  auto pad16 = [](std::int64_t b) { return (b + 15) / 16 * 16; };
+  // The row groups' dw / db sums take the rows' place after the last batch.
+  const std::int64_t red = c.rows_per_pid > 1 ? pad16((c.rows_per_pid - 1) * v.partials() * slice * 4) : 0;
+  auto bytes = [&](std::int64_t r) {
+    const std::int64_t rows = pad16(r * slice * dtype_size(v.x)) + pad16(r * slice * dtype_size(v.y)) +
+                              (v.dres ? pad16(r * slice * dtype_size(v.ro)) : 0);
+    return std::max(rows, red) + (v.has_w ? pad16(slice * dtype_size(v.w)) : 0) +
+           4 * (2 * c.cluster * r * sums + r * sums + 2 * r);
+  };
+  DcBatch b;
+  for (int r = 1; r <= kDcMaxRows && bytes(r) <= kMaxStageBytes; r *= 2) b = {r, bytes(r)};
+  return b;
+}
+
 }  // namespace normjit::detail

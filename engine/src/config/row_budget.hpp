@@ -97,4 +97,18 @@ int forward_min_blocks(const Variant& v, const LaunchConfig& cfg, int N, bool pe
 /// (kMaxStageBytes) and the launch's dynamic shared memory both read this.
 std::int64_t backward_stage_bytes(const Variant& v, std::int64_t N, const LaunchConfig& cfg, bool dw_smem);
 
+/// The decode backward (cfg.dw_cluster, norm_bwd.cuh's norm_bwd_dc) stages
+/// its CTA's slice of `rows` rows at a time in shared memory: x, dy and
+/// dresidual slices (after the last batch, the row groups' dweight / dbias
+/// sums in their place), the slice's weight, the cluster's row-sum buffers
+/// and the rows' statistics, `bytes` in all (the kernel's layout, 16-byte
+/// aligned arrays). rows: the largest power of two up to kDcMaxRows whose
+/// bytes fit kMaxStageBytes; 0 where not even one row fits.
+struct DcBatch {
+  int rows = 0;
+  std::int64_t bytes = 0;
+};
+inline constexpr int kDcMaxRows = 64;
+DcBatch dc_batch(const Variant& v, std::int64_t N, const LaunchConfig& cfg);
+
 }  // namespace normjit::detail
