@@ -418,6 +418,34 @@ TEST_CASE("config_grid: launch_geometry of forward and backward") {
   CHECK(launch_geometry(Op::Backward, make_desc(100, 4096), cfg(8, 256, 1, false, 4), 132, 8).grid == 100);
 }
 
+TEST_CASE("config_grid: the finalize launch covers every column with vectors that divide N") {
+  // The widest vector that still gives every SM a block, and divides N.
+  CHECK(finalize_geometry(147, 6560, 2, 132).vec == 2);      // 52 tiles of 4 x 2 partials < 132
+  CHECK(finalize_geometry(8, 234232, 1, 132).vec == 4);
+  CHECK(finalize_geometry(8, 234234, 1, 132).vec == 2);      // N % 4 == 2
+  CHECK(finalize_geometry(8, 234233, 1, 132).vec == 1);      // odd N
+  CHECK(finalize_geometry(16, 8192, 1, 132).vec == 1);       // 128 tiles of 2 < 132
+  for (std::int64_t programs : {2, 3, 16, 147, 528, 4096})
+    for (std::int64_t N : {64, 183, 184, 4098, 6560, 65536, 262143})
+      for (int partials : {1, 2}) {
+        CAPTURE(programs);
+        CAPTURE(N);
+        const FinalizeGeometry f = finalize_geometry(programs, N, partials, 132);
+        CHECK(N % f.vec == 0);
+        CHECK(static_cast<std::int64_t>(f.tiles) * 32 * f.vec >= N);
+        CHECK(static_cast<std::int64_t>(f.tiles - 1) * 32 * f.vec < N);
+        CHECK(f.threads % 32 == 0);
+        CHECK(f.threads >= 32);
+        CHECK(f.threads * (f.vec > 1 ? f.vec : 1) <= 1024);  // the kernel's shared tile
+        // Slices never outnumber the partial rows past the first.
+        CHECK(f.threads / 32 <= std::max<std::int64_t>(1, programs));
+      }
+  // Backward geometry carries it where there are partial rows.
+  const Geometry g = launch_geometry(Op::Backward, make_desc(1000, 4096), cfg(8, 256, 1), 132, 2);
+  CHECK(g.finalize.tiles > 0);
+  CHECK(launch_geometry(Op::Backward, make_desc(1, 4096), cfg(8, 256, 1), 132, 2).finalize.tiles == 0);
+}
+
 TEST_CASE("config_grid: simplicity_key puts fewer threads, fewer rows, one pass and wider vectors first") {
   auto simpler = [](const LaunchConfig& a, const LaunchConfig& b) { return simplicity_key(a) < simplicity_key(b); };
   CHECK(simpler(cfg(8, 32, 1), cfg(8, 64, 1)));

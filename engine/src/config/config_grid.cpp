@@ -416,7 +416,30 @@ Geometry launch_geometry(Op op, const NormDesc& d, const LaunchConfig& c, int sm
   }
   g.programs = static_cast<unsigned>(programs);
   g.grid = static_cast<unsigned>(programs * cl);
+  if (op == Op::Backward && programs > 1)
+    g.finalize = finalize_geometry(programs, d.N, make_variant(op, d).partials(), sm_count);
   return g;
+}
+
+FinalizeGeometry finalize_geometry(std::int64_t programs, std::int64_t N, int partials, int sm_count) {
+  FinalizeGeometry f;
+  for (int v : {4, 2}) {
+    if (N % v == 0 && ceil_div(N, 32 * v) * std::max(1, partials) >= sm_count) {
+      f.vec = v;
+      break;
+    }
+  }
+  f.tiles = static_cast<unsigned>(ceil_div(N, 32 * f.vec));
+  // Slices: VEC 1 (the scalar loop), as many as leave each four rows or
+  // more; wider, at most 4 rows a slice (one or two rounds of loads), and
+  // 32 / VEC slices (the shared tile holds 1024 floats).
+  unsigned slices = 1;
+  if (f.vec == 1)
+    while (slices < 32 && static_cast<std::int64_t>(slices) * 8 <= programs) slices *= 2;
+  else
+    while (slices < 32u / f.vec && static_cast<std::int64_t>(slices) * 4 < programs) slices *= 2;
+  f.threads = 32 * slices;
+  return f;
 }
 
 }  // namespace normjit::detail

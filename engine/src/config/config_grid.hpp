@@ -122,9 +122,20 @@ LaunchConfig fit_forward_alignment(const LaunchConfig& cfg, const NormDesc& desc
 /// rows per program, wider vectors, register rows, the occupancy-sized grid).
 std::vector<int> simplicity_key(const LaunchConfig& cfg);
 
+/// The dweight / dbias finalize launch (dweight_finalize.cuh) over
+/// `programs` partial rows of N: VEC columns a lane (4 or 2, dividing N, the
+/// widest that still gives each SM a block; else 1, the scalar loop), tiles
+/// of 32 x VEC columns, slices of 32 threads over the partial rows.
+struct FinalizeGeometry {
+  unsigned tiles = 0, threads = 0;
+  int vec = 1;
+};
+FinalizeGeometry finalize_geometry(std::int64_t programs, std::int64_t N, int partials, int sm_count);
+
 struct Geometry {
   unsigned grid = 0, block = 0;  ///< CTAs (a multiple of cfg.cluster) and threads per CTA
   unsigned programs = 0;         ///< programs (CTAs, or clusters): backward partial dweight rows
+  FinalizeGeometry finalize;     ///< backward with more than one program: the finalize launch
 };
 /// Grid and block of `op`. A program is a CTA, or a cluster of cfg.cluster
 /// CTAs. Forward: one program per ROWS_PER_PID rows. Backward: a persistent

@@ -154,20 +154,17 @@ void launch_backward(const LoadedKernel& k, const LoadedKernel* fin, const NormD
   if (g.programs == 1) return;  // one program wrote dweight / dbias itself
   // One finalize launch for every partial (blockIdx.y: dweight, dbias).
   const Variant& v = k.spec().v;  // derived once, with the kernel (no derivation on the per-call path)
-  launch_finalize(*fin, t.workspace, v.has_w ? t.dweight : t.dbias, t.dbias, g.programs, d.N, v.partials(), s);
+  launch_finalize(*fin, t.workspace, v.has_w ? t.dweight : t.dbias, t.dbias, g.programs, d.N, v.partials(), g.finalize,
+                  s);
 }
 
 void launch_finalize(const LoadedKernel& fin, void* partial, void* out0, void* out1, std::int64_t programs,
-                     std::int64_t N, int partials, CUstream s) {
+                     std::int64_t N, int partials, const FinalizeGeometry& f, CUstream s) {
   CUdeviceptr part = reinterpret_cast<CUdeviceptr>(partial);
   CUdeviceptr o0 = reinterpret_cast<CUdeviceptr>(out0), o1 = reinterpret_cast<CUdeviceptr>(out1);
-  int p = static_cast<int>(programs), n = static_cast<int>(N);
-  void* fargs[] = {&part, &o0, &o1, &p, &n};
-  // Slices of 32 threads over the partial rows: as many as leave each
-  // thread four rows to add (four loads in flight), 32 at most.
-  unsigned slices = 1;
-  while (slices < 32 && slices * 8 <= programs) slices *= 2;
-  fin.launch(static_cast<unsigned>((N + 31) / 32), 32 * slices, s, fargs, static_cast<unsigned>(partials));
+  int p = static_cast<int>(programs), n = static_cast<int>(N), vec = f.vec;
+  void* fargs[] = {&part, &o0, &o1, &p, &n, &vec};
+  fin.launch(f.tiles, f.threads, s, fargs, static_cast<unsigned>(partials));
 }
 
 ShardGeometry shard_geometry(const ShardedNormDesc& d, int sm_count, std::initializer_list<ShardOperand> operands) {
@@ -194,6 +191,7 @@ ShardGeometry shard_geometry(const ShardedNormDesc& d, int sm_count, std::initia
   const std::int64_t resident = static_cast<std::int64_t>(std::max(1, sm_count)) * std::max(1, 2048 / g.threads);
   g.grid = static_cast<unsigned>(std::min<std::int64_t>(d.M, resident));
   g.programs = shard_programs(d, sm_count);
+  g.finalize = finalize_geometry(g.programs, d.N, shard_partials(d), sm_count);
   return g;
 }
 

@@ -56,7 +56,7 @@ void launch_backward(const LoadedKernel& k, const LoadedKernel* fin, const NormD
 /// The finalize kernel `fin`: out0 (and with partials 2, out1) = the sum of
 /// `programs` fp32 partial rows of N each (a partial's rows, then the next's).
 void launch_finalize(const LoadedKernel& fin, void* partial, void* out0, void* out1, std::int64_t programs,
-                     std::int64_t N, int partials, CUstream s);
+                     std::int64_t N, int partials, const FinalizeGeometry& f, CUstream s);
 
 /// A sharded norm's launch (sharded.cuh): vector width, block size, the row
 /// kernels' grid and the backward apply's programs (its partial rows).
@@ -64,6 +64,7 @@ struct ShardGeometry {
   int vec = 1, threads = 64;
   unsigned grid = 0;
   std::int64_t programs = 0;
+  FinalizeGeometry finalize;  ///< the backward apply's finalize launch
 };
 /// An operand of a sharded launch: its address and element type (its
 /// alignment bounds the vector width).
