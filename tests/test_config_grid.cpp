@@ -437,8 +437,11 @@ TEST_CASE("config_grid: the finalize launch covers every column with vectors tha
         CHECK(f.threads % 32 == 0);
         CHECK(f.threads >= 32);
         CHECK(f.threads * (f.vec > 1 ? f.vec : 1) <= 1024);  // the kernel's shared tile
-        // Slices never outnumber the partial rows past the first.
+        // No more slices than partial rows.
         CHECK(f.threads / 32 <= std::max<std::int64_t>(1, programs));
+        CHECK(f.programs == programs);
+        CHECK(f.N == N);
+        CHECK(f.partials == partials);
       }
   // Backward geometry carries it where there are partial rows.
   const Geometry g = launch_geometry(Op::Backward, make_desc(1000, 4096), cfg(8, 256, 1), 132, 2);

@@ -580,8 +580,7 @@ void Engine::sharded_backward_apply(const ShardedNormDesc& d, const void* dy, co
   void* args[] = {&dy, &x, &weight, &mean, &rstd, &stats, &dx, &workspace, &M, &inv_n};
   l.k->launch_shard(ShardKernel::BackwardApply, static_cast<unsigned>(l.g.programs), stream, args);
   if (!partials) return;
-  launch_finalize(*l.fin, workspace, d.has_weight ? dweight : dbias, dbias, l.g.programs, d.N, partials, l.g.finalize,
-                  stream);
+  launch_finalize(*l.fin, workspace, d.has_weight ? dweight : dbias, dbias, l.g.finalize, stream);
 }
 
 }  // namespace normjit

@@ -423,6 +423,9 @@ Geometry launch_geometry(Op op, const NormDesc& d, const LaunchConfig& c, int sm
 
 FinalizeGeometry finalize_geometry(std::int64_t programs, std::int64_t N, int partials, int sm_count) {
   FinalizeGeometry f;
+  f.programs = programs;
+  f.N = N;
+  f.partials = partials;
   for (int v : {4, 2}) {
     if (N % v == 0 && ceil_div(N, 32 * v) * std::max(1, partials) >= sm_count) {
       f.vec = v;

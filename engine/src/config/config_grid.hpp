@@ -125,8 +125,11 @@ std::vector<int> simplicity_key(const LaunchConfig& cfg);
 /// The dweight / dbias finalize launch (dweight_finalize.cuh) over
 /// `programs` partial rows of N: VEC columns a lane (4 or 2, dividing N, the
 /// widest that still gives each SM a block; else 1, the scalar loop), tiles
-/// of 32 x VEC columns, slices of 32 threads over the partial rows.
+/// of 32 x VEC columns, slices of 32 threads over the partial rows; a
+/// launch a partial array (dweight, dbias: `partials`).
 struct FinalizeGeometry {
+  std::int64_t programs = 0, N = 0;
+  int partials = 0;
   unsigned tiles = 0, threads = 0;
   int vec = 1;
 };

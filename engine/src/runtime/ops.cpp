@@ -132,10 +132,10 @@ std::size_t backward_workspace_bytes(const Geometry& g, const NormDesc& d) {
 
 void launch_backward(const LoadedKernel& k, const LoadedKernel& fin, const NormDesc& d, const BackwardTensors& t,
                      const Geometry& g, CUstream s) {
-  launch_backward(k, &fin, d, row_layout(d, true), t, g, s);
+  launch_backward(k, &fin, row_layout(d, true), t, g, s);
 }
 
-void launch_backward(const LoadedKernel& k, const LoadedKernel* fin, const NormDesc& d, const nj::NormArgs& layout,
+void launch_backward(const LoadedKernel& k, const LoadedKernel* fin, const nj::NormArgs& layout,
                      const BackwardTensors& t, const Geometry& g, CUstream s) {
   nj::NormArgs a = layout;
   a.dy = t.dy;
@@ -154,17 +154,16 @@ void launch_backward(const LoadedKernel& k, const LoadedKernel* fin, const NormD
   if (g.programs == 1) return;  // one program wrote dweight / dbias itself
   // One finalize launch for every partial (blockIdx.y: dweight, dbias).
   const Variant& v = k.spec().v;  // derived once, with the kernel (no derivation on the per-call path)
-  launch_finalize(*fin, t.workspace, v.has_w ? t.dweight : t.dbias, t.dbias, g.programs, d.N, v.partials(), g.finalize,
-                  s);
+  launch_finalize(*fin, t.workspace, v.has_w ? t.dweight : t.dbias, t.dbias, g.finalize, s);
 }
 
-void launch_finalize(const LoadedKernel& fin, void* partial, void* out0, void* out1, std::int64_t programs,
-                     std::int64_t N, int partials, const FinalizeGeometry& f, CUstream s) {
+void launch_finalize(const LoadedKernel& fin, void* partial, void* out0, void* out1, const FinalizeGeometry& f,
+                     CUstream s) {
   CUdeviceptr part = reinterpret_cast<CUdeviceptr>(partial);
   CUdeviceptr o0 = reinterpret_cast<CUdeviceptr>(out0), o1 = reinterpret_cast<CUdeviceptr>(out1);
-  int p = static_cast<int>(programs), n = static_cast<int>(N), vec = f.vec;
+  int p = static_cast<int>(f.programs), n = static_cast<int>(f.N), vec = f.vec;
   void* fargs[] = {&part, &o0, &o1, &p, &n, &vec};
-  fin.launch(f.tiles, f.threads, s, fargs, static_cast<unsigned>(partials));
+  fin.launch(f.tiles, f.threads, s, fargs, static_cast<unsigned>(f.partials));
 }
 
 ShardGeometry shard_geometry(const ShardedNormDesc& d, int sm_count, std::initializer_list<ShardOperand> operands) {

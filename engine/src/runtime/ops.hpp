@@ -50,13 +50,14 @@ std::size_t backward_workspace_bytes(const Geometry& g, const NormDesc& d);
 void launch_backward(const LoadedKernel& k, const LoadedKernel& fin, const NormDesc& d, const BackwardTensors& t,
                      const Geometry& g, CUstream s);
 /// The same with the layout derived; `fin` may be null when g has one program.
-void launch_backward(const LoadedKernel& k, const LoadedKernel* fin, const NormDesc& d, const nj::NormArgs& layout,
+void launch_backward(const LoadedKernel& k, const LoadedKernel* fin, const nj::NormArgs& layout,
                      const BackwardTensors& t, const Geometry& g, CUstream s);
 
-/// The finalize kernel `fin`: out0 (and with partials 2, out1) = the sum of
-/// `programs` fp32 partial rows of N each (a partial's rows, then the next's).
-void launch_finalize(const LoadedKernel& fin, void* partial, void* out0, void* out1, std::int64_t programs,
-                     std::int64_t N, int partials, const FinalizeGeometry& f, CUstream s);
+/// The finalize kernel `fin` on geometry `f`: out0 (and with f.partials 2,
+/// out1) = the sum of f.programs fp32 partial rows of f.N each (a partial's
+/// rows, then the next's).
+void launch_finalize(const LoadedKernel& fin, void* partial, void* out0, void* out1, const FinalizeGeometry& f,
+                     CUstream s);
 
 /// A sharded norm's launch (sharded.cuh): vector width, block size, the row
 /// kernels' grid and the backward apply's programs (its partial rows).

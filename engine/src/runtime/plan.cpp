@@ -72,7 +72,7 @@ void Plan::forward(const ForwardTensors& t, CUstream s) const {
 }
 
 void Plan::backward(const BackwardTensors& t, CUstream s) const {
-  launch_backward(*kernel, finalize.get(), desc, layout, t, geometry, s);
+  launch_backward(*kernel, finalize.get(), layout, t, geometry, s);
 }
 
 }  // namespace normjit::detail
