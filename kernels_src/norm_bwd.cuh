@@ -221,19 +221,32 @@ template <class S> struct DwShare<S, true> {
   __device__ __forceinline__ float total(int p, int, int, int col) const { return s[p * SL + col - c0]; }
 };
 
-// Writes partial sum p (0: dw, or db without a weight; 1: db) of column col:
-// into this program's partial row, or, with a grid of one program, the final
-// value into dw / db.
-template <class S>
-__device__ __forceinline__ void emit(const NormArgs& a, int p, int col, float v) {
+// Writes partial sum p (0: dw, or db without a weight; 1: db) of columns
+// col .. col + PV - 1: into this program's partial row, as one PV-float
+// store, or, with a grid of one program, the final values into dw / db.
+// Scalar stores of the partial rows were most of a mid-M program's memory
+// instructions (ncu: the load/store queue full 39% of the time).
+template <class S, int PV = 1>
+__device__ __forceinline__ void emit(const NormArgs& a, int p, int col, const Vec<float, PV>& v) {
   const bool is_db = !S::HAS_W || p == 1;
   const long long programs = num_programs<S>();
   if (programs == 1) {
     auto* out = static_cast<typename S::w_t*>(is_db ? a.db : a.dw);
-    out[col] = from_float<typename S::w_t>(v);
+#pragma unroll
+    for (int k = 0; k < PV; ++k) out[col + k] = from_float<typename S::w_t>(v.v[k]);
   } else {
-    a.partial[((long long)p * programs + program_id<S>()) * S::N + col] = v;
+    *reinterpret_cast<Vec<float, PV>*>(a.partial + ((long long)p * programs + program_id<S>()) * S::N + col) = v;
   }
+}
+template <class S> __device__ __forceinline__ void emit(const NormArgs& a, int p, int col, float v) {
+  emit<S, 1>(a, p, col, Vec<float, 1>{{v}});
+}
+// The widest float vector of partial-row columns a store may take: it
+// divides VEC (so lies in one chunk) and N (so partial rows, N floats each
+// in a 32-byte aligned workspace, keep it aligned, and a vector is wholly in
+// or past the row).
+template <class S> constexpr int partial_vec() {
+  return S::VEC % 4 == 0 && S::N % 4 == 0 ? 4 : S::VEC % 2 == 0 && S::N % 2 == 0 ? 2 : 1;
 }
 
 // dx of one row, and its share of dw / db added to `share`. Called by every
@@ -289,6 +302,7 @@ __device__ __forceinline__ void emit_sums(const NormArgs& a, const Share& share,
   using L = Layout<S>;
   constexpr int P = kPartials<S>;
   if constexpr (P == 0) return;
+  constexpr int PV = partial_vec<S>();
   if constexpr (S::ROWS == 1) {
 #pragma unroll
     for (int p = 0; p < P; ++p)
@@ -296,8 +310,13 @@ __device__ __forceinline__ void emit_sums(const NormArgs& a, const Share& share,
       for (int i = 0; i < L::ITERS; ++i) {
         const int col = tc.col(i);
 #pragma unroll
-        for (int k = 0; k < S::VEC; ++k)
-          if (L::EXACT || (tc.in(i) && col + k < S::N)) emit<S>(a, p, col + k, share.total(p, i, k, col + k));
+        for (int q = 0; q < S::VEC; q += PV)
+          if (L::EXACT || (tc.in(i) && col + q < S::N)) {
+            Vec<float, PV> v;
+#pragma unroll
+            for (int k = 0; k < PV; ++k) v.v[k] = share.total(p, i, q + k, col + q + k);
+            emit<S, PV>(a, p, col + q, v);
+          }
       }
   } else {
     const int rg = threadIdx.x / S::TPR;
@@ -318,7 +337,8 @@ __device__ __forceinline__ void emit_sums(const NormArgs& a, const Share& share,
       }
       __syncthreads();
     }
-    for (int j = threadIdx.x; j < P * S::N; j += S::TPR * S::ROWS) emit<S>(a, j / S::N, j % S::N, smem[j]);
+    for (int j = threadIdx.x * PV; j < P * S::N; j += S::TPR * S::ROWS * PV)
+      emit<S, PV>(a, j / S::N, j % S::N, *reinterpret_cast<const Vec<float, PV>*>(smem + j));
   }
 }
 
@@ -435,7 +455,7 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
       r0.load(a, base + rg, tc);
       nj::bwd_row<S>(a, r1, share, next + rg, tc, sums);
     }
-    __shared__ float dsum[S::ROWS > 1 ? (P > 0 ? P : 1) * S::N : 1];
+    __shared__ __align__(16) float dsum[S::ROWS > 1 ? (P > 0 ? P : 1) * S::N : 1];
     nj::emit_sums<S>(a, share, tc, dsum);
   } else {
     // Wide rows: two passes over x and dy per row; this program's partial

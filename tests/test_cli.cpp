@@ -341,9 +341,9 @@ TEST_CASE("cli: tune --grid --list expands the shipped grid without a GPU") {
 TEST_CASE("cli: explain --device says where a config comes from, without a GPU") {
   Cli cli;
   // A shape of the grid: its own shipped entry, with the candidates' times
-  // (a backward one: the forward entries of the grid went with the kernels
-  // they were tuned for, when the forward's register bound came).
-  auto r = cli("explain --device nvidia-h200.cc90.132sm.60mib --op bwd --shape rms:bf16:4096x7168");
+  // (a forward one: the backward entries went with the kernels they were
+  // tuned for, when the backward's partial rows came to be stored in vectors).
+  auto r = cli("explain --device nvidia-h200.cc90.132sm.60mib --op fwd --shape rms:bf16:256x25104");
   CAPTURE(r.output);
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.find("source:  shipped cache") != std::string::npos);
