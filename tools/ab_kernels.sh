@@ -20,13 +20,14 @@ mkdir -p "$out"
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 args=()
 for s in "$@"; do args+=(--shape "$s"); done
+caches=$(mktemp -d)
+trap 'rm -rf "$caches"' EXIT
 for r in 1 2; do
   for b in old new; do
-    dir=$(mktemp -d)
-    if [ $b = old ]; then kd="$old"; else kd=""; fi
-    NORMJIT_KERNELS_DIR="$kd" NORMJIT_BUILTIN_CACHES=0 "$nj" --cache-dir "$dir" bench --op "$op" --reps 30 --no-check \
-      --json "$out/ab-$b$r.json" "${args[@]}" > "$out/ab-$b$r.log" 2>&1
-    echo "bench $b run $r rc=$?"
+    if [ $b = old ]; then kd="$old"; else kd=""; fi  # empty: the binary's embedded templates
+    NORMJIT_KERNELS_DIR="$kd" NORMJIT_BUILTIN_CACHES=0 "$nj" --cache-dir "$caches/$b$r" bench --op "$op" --reps 30 \
+      --no-check --json "$out/ab-$b$r.json" "${args[@]}" > "$out/ab-$b$r.log" 2>&1 ||
+      { echo "bench $b run $r failed; see $out/ab-$b$r.log" >&2; exit 1; }
   done
 done
 python3 - "$out" <<'EOF'
