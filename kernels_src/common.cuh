@@ -38,6 +38,26 @@ template <class T, int VEC> struct alignas(sizeof(T) * VEC) Vec {
   T v[VEC];
 };
 
+// The vector at `p` where `take`, else zeros: one predicated load into
+// registers zeroed as whole words. (Zeroed element by element, ptxas kept
+// 16-bit elements a register each and split every chunk on arrival, before
+// the next chunk's load: one round trip a chunk.)
+template <int BYTES> struct Word;
+template <> struct Word<2> { using type = unsigned short; };
+template <> struct Word<4> { using type = unsigned; };
+template <> struct Word<8> { using type = uint2; };
+template <> struct Word<16> { using type = uint4; };
+template <class T, int VEC> __device__ __forceinline__ Vec<T, VEC> load_vec_if(const T* p, bool take) {
+  using W = typename Word<sizeof(Vec<T, VEC>)>::type;
+  union {
+    W w;
+    Vec<T, VEC> v;
+  } u;
+  u.w = W{};
+  if (take) u.w = *reinterpret_cast<const W*>(p);
+  return u.v;  // (memcpy from a W kept an 8-byte W in a stack frame in rows of fp16 by 4)
+}
+
 // Row layout shared by all row kernels: a row of N elements is cut into
 // CHUNKS chunks of VEC; a cluster of C CTAs splits them into C slices of
 // SLICE_CHUNKS (C = 1: one slice, the whole row); thread `lane` of the TPR

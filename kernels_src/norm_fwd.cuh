@@ -106,6 +106,23 @@ template <bool PEEL, class Row> __device__ __forceinline__ bool whole_chunk(cons
   else return true;
 }
 
+// Whole-chunk rows: unstaged rows of one program a row (a CTA or a
+// cluster's slice: at most a few an SM) whose threads hold several chunks
+// (2 to 8), each wholly inside the row or wholly past it (VEC divides N),
+// not all of them in it, and no FP8 x (whose scales are read at a chunk's
+// column). Their chunks load under one predicate each, into words zeroed
+// whole (load_vec_if), and store under one (see the row's loads in
+// norm_fwd_rows). Guarded by a branch and an element-wise path instead, a
+// row's chunks loaded one round trip after another (on an H100, rms bf16
+// 512x100000 in clusters of 8: 120 -> 93 us; ln fp16 162x113664: 73 -> 38).
+// (With one chunk a thread, ptxas sank a prefetched weight past the
+// reduction; rows of 16 threads, 8 chunks each, spilled.)
+template <class S> constexpr bool whole_rows_of() {
+  using L = RowLayout<S::N, S::VEC, S::TPR, S::CLUSTER>;
+  return !peel_of<S>() && S::STAGES == 0 && !L::EXACT && S::ROWS == 1 && S::TPR >= 128 && L::ITERS > 1 &&
+         L::ITERS <= 8 && S::N % S::VEC == 0 && xgroup_of<S>() == 0;
+}
+
 // One row's pointers and the fused residual add.
 template <class S> struct FwdRow {
   using index_t = typename S::index_t;
@@ -152,14 +169,25 @@ template <class S> struct FwdRow {
 
   // A chunk of a row tensor at column `col` of the row's view, and its store.
   // Peeled rows: `exact` says the chunk lies inside the row (inner).
-  template <class T> __device__ __forceinline__ Vec<T, S::VEC> ld(const T* p, int col, bool exact) const {
-    if constexpr (peel_of<S>()) return exact ? load_chunk<S::N, S::VEC>(p, col, true) : load_span<S::VEC>(p, col, lo, hi);
+  // PRED: a chunk wholly inside the row where `take`, else zeros loaded and
+  // nothing stored: a predicate where a guard around the chunk would be a
+  // branch (see the row's loads in norm_fwd_rows).
+  template <bool PRED = false, class T>
+  __device__ __forceinline__ Vec<T, S::VEC> ld(const T* p, int col, bool exact, bool take = true) const {
+    if constexpr (PRED) return load_vec_if<T, S::VEC>(p + col, take);
+    else if constexpr (peel_of<S>()) return exact ? load_chunk<S::N, S::VEC>(p, col, true) : load_span<S::VEC>(p, col, lo, hi);
+    else if constexpr (whole_rows_of<S>()) return load_vec_if<T, S::VEC>(p + col, exact || col < S::N);
     else return load_chunk<S::N, S::VEC>(p, col, exact);
   }
-  template <class T> __device__ __forceinline__ void st(T* p, int col, const Vec<T, S::VEC>& v, bool exact) const {
-    if constexpr (peel_of<S>()) {
+  template <bool PRED = false, class T>
+  __device__ __forceinline__ void st(T* p, int col, const Vec<T, S::VEC>& v, bool exact, bool take = true) const {
+    if constexpr (PRED) {
+      if (take) store_chunk<S::N, S::VEC>(p, col, v, true);
+    } else if constexpr (peel_of<S>()) {
       if (exact) store_chunk<S::N, S::VEC>(p, col, v, true);
       else store_span<S::VEC>(p, col, v, lo, hi);
+    } else if constexpr (whole_rows_of<S>()) {
+      if (exact || col < S::N) store_chunk<S::N, S::VEC>(p, col, v, true);
     } else {
       store_chunk<S::N, S::VEC>(p, col, v, exact);
     }
@@ -200,8 +228,10 @@ template <class S> struct FwdRow {
   // residual, weight and y are not restrict, so the compiler keeps a load
   // behind any earlier store, and a loop of load-store pairs waits one memory
   // round trip a chunk. Unstaged kernels keep the pairs: fewer registers.
-  __device__ __forceinline__ Vec<typename S::h_t, S::VEC> load_h(int col, bool exact, bool store) const {
-    const Vec<typename S::x_t, S::VEC> xv = ld(x, col, exact);
+  template <bool PRED = false>
+  __device__ __forceinline__ Vec<typename S::h_t, S::VEC> load_h(int col, bool exact, bool store,
+                                                                  bool take = true) const {
+    const Vec<typename S::x_t, S::VEC> xv = ld<PRED>(x, col, exact, take);
     Vec<typename S::h_t, S::VEC> h;
     float xscale = 1.f;
     if constexpr (xgroup_of<S>() > 0) xscale = xs[col / (xgroup_of<S>() > 0 ? xgroup_of<S>() : 1)];
@@ -211,7 +241,7 @@ template <class S> struct FwdRow {
 #pragma unroll
       for (int k = 0; k < S::VEC; ++k) h.v[k] = from_float<typename S::h_t>(x_at(xv, k, xscale));
     } else {
-      const Vec<typename S::r_t, S::VEC> rv = ld(r, col, exact);
+      const Vec<typename S::r_t, S::VEC> rv = ld<PRED>(r, col, exact, take);
       Vec<typename S::ro_t, S::VEC> out;
 #pragma unroll
       for (int k = 0; k < S::VEC; ++k) {
@@ -220,7 +250,7 @@ template <class S> struct FwdRow {
         h.v[k] = from_float<typename S::h_t>(sum);
         out.v[k] = from_float<typename S::ro_t>(sum);
       }
-      if (S::STORE_RES && store) st(ro, col, out, exact);
+      if (S::STORE_RES && store) st<PRED>(ro, col, out, exact, take);
     }
     return h;
   }
@@ -454,8 +484,16 @@ __device__ __forceinline__ void load_wb(const NormArgs& a, int col, bool exact, 
     if constexpr (S::HAS_W) wv = peeled_cols<S>(static_cast<const w_t*>(a.w), col, lo, lo + S::N, exact);
     if constexpr (S::HAS_B) bv = peeled_cols<S>(static_cast<const w_t*>(a.b), col, lo, lo + S::N, exact);
   } else {
-    if constexpr (S::HAS_W) wv = load_chunk<S::N, S::VEC>(static_cast<const w_t*>(a.w), col, exact);
-    if constexpr (S::HAS_B) bv = load_chunk<S::N, S::VEC>(static_cast<const w_t*>(a.b), col, exact);
+    // (Whole-chunk rows: see FwdRow::ld.)
+    constexpr bool WHOLE = whole_rows_of<S>();
+    if constexpr (S::HAS_W) {
+      const w_t* w = static_cast<const w_t*>(a.w);
+      wv = WHOLE ? load_vec_if<w_t, S::VEC>(w + col, exact || col < S::N) : load_chunk<S::N, S::VEC>(w, col, exact);
+    }
+    if constexpr (S::HAS_B) {
+      const w_t* b = static_cast<const w_t*>(a.b);
+      bv = WHOLE ? load_vec_if<w_t, S::VEC>(b + col, exact || col < S::N) : load_chunk<S::N, S::VEC>(b, col, exact);
+    }
   }
 }
 
@@ -644,10 +682,40 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         }
       }
     }
+    // Every chunk's loads in a loop of their own, each under a predicate:
+    // whole-chunk rows (whole_rows_of), and peeled rows alike (their inner
+    // chunks; not with the weight loaded alongside: peeled_cols reads it by
+    // the row's columns). Guarded in the loop that sums, ptxas branched
+    // around the last chunk of a slice (not every thread holds one) and
+    // widened the chunks before it ahead of its load: a round trip more.
+    constexpr bool PRED_LOADS =
+        nj::whole_rows_of<S>() || (PEEL && !STAGED && S::ROWS == 1 && S::TPR >= 128 && L::ITERS > 1 &&
+                                   L::ITERS <= 8 && !(PREFETCH_WB && !ROW_AMAX && !KEEP_U));
+    if constexpr (PRED_LOADS) {
+#pragma unroll
+      for (int i = 0; i < L::ITERS; ++i) {
+        const int col = tc.col(i);
+        // A chunk this thread does not hold (past the row, a peeled row's
+        // partial chunk, whose elements are edges, below, or any chunk of a
+        // row past M) loads zeros and stores nothing.
+        const bool take = (UNGUARDED || valid) && tc.in(i) && nj::whole_chunk<PEEL>(R, col);
+        if constexpr (PEEL) {
+          hv[i] = R.template load_h<true>(col, true, !measure && valid, take);
+        } else {
+          // (Unpeeled: as the chunk at column N, past the row, which
+          // FwdRow::ld predicates. With `take` itself the predicate, rms bf16
+          // 512x100000 in clusters of 8 took 95 registers, not 84, and 114
+          // us, not 93.)
+          const int c = take ? col : S::N;
+          hv[i] = R.load_h(c, false, !measure && valid);
+          if constexpr (PREFETCH_WB && !ROW_AMAX && !KEEP_U) nj::load_wb<S>(a, c, false, wv[i], bv[i], R.lo);
+        }
+      }
+    }
 #pragma unroll
     for (int i = 0; i < L::ITERS; ++i) {
       const int col = tc.col(i);
-      if constexpr (!STAGED) {
+      if constexpr (!STAGED && !PRED_LOADS) {
         // UNGUARDED rows load without the row's guard: guarded, ptxas
         // branched around each chunk of a row quantized with a row's amax and
         // issued its loads one round trip after another.
