@@ -116,11 +116,22 @@ template <bool PEEL, class Row> __device__ __forceinline__ bool whole_chunk(cons
 // row's chunks loaded one round trip after another (on an H100, rms bf16
 // 512x100000 in clusters of 8: 120 -> 93 us; ln fp16 162x113664: 73 -> 38).
 // (With one chunk a thread, ptxas sank a prefetched weight past the
-// reduction; rows of 16 threads, 8 chunks each, spilled.)
+// reduction; rows of 16 threads, 8 chunks each, spilled.) few_chunk_rows:
+// the program geometry these loads take, under the row layout L (peeled
+// rows' covers VEC - 1 columns more).
+template <class S, class L> constexpr bool few_chunk_rows() {
+  return S::STAGES == 0 && S::ROWS == 1 && S::TPR >= 128 && L::ITERS > 1 && L::ITERS <= 8;
+}
 template <class S> constexpr bool whole_rows_of() {
   using L = RowLayout<S::N, S::VEC, S::TPR, S::CLUSTER>;
-  return !peel_of<S>() && S::STAGES == 0 && !L::EXACT && S::ROWS == 1 && S::TPR >= 128 && L::ITERS > 1 &&
-         L::ITERS <= 8 && S::N % S::VEC == 0 && xgroup_of<S>() == 0;
+  return !peel_of<S>() && !L::EXACT && few_chunk_rows<S, L>() && S::N % S::VEC == 0 && xgroup_of<S>() == 0;
+}
+// An unpeeled row's chunk of p (a row tensor, the weight or the bias):
+// whole-chunk rows' under one predicate, the others' load_chunk.
+template <class S, class T>
+__device__ __forceinline__ Vec<T, S::VEC> unpeeled_chunk(const T* p, int col, bool exact) {
+  if constexpr (whole_rows_of<S>()) return load_vec_if<T, S::VEC>(p + col, exact || col < S::N);
+  else return load_chunk<S::N, S::VEC>(p, col, exact);
 }
 
 // One row's pointers and the fused residual add.
@@ -176,8 +187,7 @@ template <class S> struct FwdRow {
   __device__ __forceinline__ Vec<T, S::VEC> ld(const T* p, int col, bool exact, bool take = true) const {
     if constexpr (PRED) return load_vec_if<T, S::VEC>(p + col, take);
     else if constexpr (peel_of<S>()) return exact ? load_chunk<S::N, S::VEC>(p, col, true) : load_span<S::VEC>(p, col, lo, hi);
-    else if constexpr (whole_rows_of<S>()) return load_vec_if<T, S::VEC>(p + col, exact || col < S::N);
-    else return load_chunk<S::N, S::VEC>(p, col, exact);
+    else return unpeeled_chunk<S>(p, col, exact);
   }
   template <bool PRED = false, class T>
   __device__ __forceinline__ void st(T* p, int col, const Vec<T, S::VEC>& v, bool exact, bool take = true) const {
@@ -484,16 +494,8 @@ __device__ __forceinline__ void load_wb(const NormArgs& a, int col, bool exact, 
     if constexpr (S::HAS_W) wv = peeled_cols<S>(static_cast<const w_t*>(a.w), col, lo, lo + S::N, exact);
     if constexpr (S::HAS_B) bv = peeled_cols<S>(static_cast<const w_t*>(a.b), col, lo, lo + S::N, exact);
   } else {
-    // (Whole-chunk rows: see FwdRow::ld.)
-    constexpr bool WHOLE = whole_rows_of<S>();
-    if constexpr (S::HAS_W) {
-      const w_t* w = static_cast<const w_t*>(a.w);
-      wv = WHOLE ? load_vec_if<w_t, S::VEC>(w + col, exact || col < S::N) : load_chunk<S::N, S::VEC>(w, col, exact);
-    }
-    if constexpr (S::HAS_B) {
-      const w_t* b = static_cast<const w_t*>(a.b);
-      bv = WHOLE ? load_vec_if<w_t, S::VEC>(b + col, exact || col < S::N) : load_chunk<S::N, S::VEC>(b, col, exact);
-    }
+    if constexpr (S::HAS_W) wv = unpeeled_chunk<S>(static_cast<const w_t*>(a.w), col, exact);
+    if constexpr (S::HAS_B) bv = unpeeled_chunk<S>(static_cast<const w_t*>(a.b), col, exact);
   }
 }
 
@@ -689,8 +691,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     // around the last chunk of a slice (not every thread holds one) and
     // widened the chunks before it ahead of its load: a round trip more.
     constexpr bool PRED_LOADS =
-        nj::whole_rows_of<S>() || (PEEL && !STAGED && S::ROWS == 1 && S::TPR >= 128 && L::ITERS > 1 &&
-                                   L::ITERS <= 8 && !(PREFETCH_WB && !ROW_AMAX && !KEEP_U));
+        nj::whole_rows_of<S>() || (PEEL && nj::few_chunk_rows<S, L>() && !(PREFETCH_WB && !ROW_AMAX && !KEEP_U));
     if constexpr (PRED_LOADS) {
 #pragma unroll
       for (int i = 0; i < L::ITERS; ++i) {
