@@ -285,10 +285,10 @@ template <class S> struct FwdRow {
     Vec<typename S::x_t, S::VEC> x;
     Vec<typename S::r_t, S::VEC> r;
   };
-  __device__ __forceinline__ Raw load_raw(int col, bool exact) const {
+  template <bool PRED = false> __device__ __forceinline__ Raw load_raw(int col, bool exact, bool take = true) const {
     Raw w;
-    w.x = ld(x, col, exact);
-    if constexpr (S::RESIDUAL) w.r = ld(r, col, exact);
+    w.x = ld<PRED>(x, col, exact, take);
+    if constexpr (S::RESIDUAL) w.r = ld<PRED>(r, col, exact, take);
     return w;
   }
   __device__ __forceinline__ Vec<typename S::h_t, S::VEC> combine(const Raw& w) const {
@@ -680,15 +680,32 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     // overwrite the residual the shift is computed from.)
     constexpr bool LATE_SHIFT = S::LAYERNORM && !STAGED && !S::RESIDUAL;
     if constexpr (S::LAYERNORM && !LATE_SHIFT) shift = valid ? R.first_h() : 0.f;
-    if constexpr (STAGED) {
+    // Unstaged rows of two chunks a thread or more that store residual_out
+    // load as staged rows do, and store it after every load (below): with
+    // each chunk's loads behind a branch and its residual_out stored as it
+    // came (x, residual and residual_out are not restrict), the compiler
+    // issued a chunk's loads only after the chunk before it had arrived and
+    // been stored, one memory round trip a chunk (ln bf16 700x98305 with a
+    // residual: 7). Their loads are predicated, so whole chunks only.
+    constexpr bool LATE_RES =
+        S::STORE_RES && !STAGED && L::ITERS > 1 && (PEEL || S::N % S::VEC == 0) && nj::xgroup_of<S>() == 0;
+    if constexpr (STAGED || LATE_RES) {
       // Every load of the row first (see FwdRow::Raw), then h.
       typename nj::FwdRow<S>::Raw raw[L::ITERS];
 #pragma unroll
-      for (int i = 0; i < L::ITERS; ++i)
-        if (valid && tc.in(i) && nj::whole_chunk<PEEL>(R, tc.col(i))) raw[i] = R.load_raw(tc.col(i), PEEL || EXACT);
+      for (int i = 0; i < L::ITERS; ++i) {
+        if constexpr (STAGED) {
+          if (valid && tc.in(i) && nj::whole_chunk<PEEL>(R, tc.col(i))) raw[i] = R.load_raw(tc.col(i), PEEL || EXACT);
+        } else {
+          const bool take = (UNGUARDED || valid) && tc.in(i) && nj::whole_chunk<PEEL>(R, tc.col(i));
+          raw[i] = R.template load_raw<true>(tc.col(i), true, take);
+          if constexpr (PREFETCH_WB && !ROW_AMAX && !KEEP_U)
+            if (take) nj::load_wb<S>(a, tc.col(i), PEEL || EXACT, wv[i], bv[i], R.lo);
+        }
+      }
 #pragma unroll
       for (int i = 0; i < L::ITERS; ++i) {
-        if (valid && tc.in(i) && nj::whole_chunk<PEEL>(R, tc.col(i))) {
+        if ((LATE_RES ? UNGUARDED || valid : valid) && tc.in(i) && nj::whole_chunk<PEEL>(R, tc.col(i))) {
           hv[i] = R.combine(raw[i]);
         } else {
 #pragma unroll
@@ -702,8 +719,8 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     // the row's columns). Guarded in the loop that sums, ptxas branched
     // around the last chunk of a slice (not every thread holds one) and
     // widened the chunks before it ahead of its load: a round trip more.
-    constexpr bool PRED_LOADS =
-        nj::whole_rows_of<S>() || (PEEL && nj::few_chunk_rows<S, L>() && !(PREFETCH_WB && !ROW_AMAX && !KEEP_U));
+    constexpr bool PRED_LOADS = !LATE_RES && (nj::whole_rows_of<S>() || (PEEL && nj::few_chunk_rows<S, L>() &&
+                                                                        !(PREFETCH_WB && !ROW_AMAX && !KEEP_U)));
     if constexpr (PRED_LOADS) {
 #pragma unroll
       for (int i = 0; i < L::ITERS; ++i) {
@@ -728,7 +745,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
 #pragma unroll
     for (int i = 0; i < L::ITERS; ++i) {
       const int col = tc.col(i);
-      if constexpr (!STAGED && !PRED_LOADS) {
+      if constexpr (!STAGED && !LATE_RES && !PRED_LOADS) {
         // UNGUARDED rows load without the row's guard: guarded, ptxas
         // branched around each chunk of a row quantized with a row's amax and
         // issued its loads one round trip after another.
@@ -782,7 +799,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
 #pragma unroll
       for (int e = 0; e < XE; ++e) {
         hp[e] = R.edge(lane + e * S::TPR, c0, L::SLICE);
-        he[e] = valid && hp[e] >= 0 ? R.load_h1(hp[e], !STAGED && !measure) : nj::from_float<h_t>(0.f);
+        he[e] = valid && hp[e] >= 0 ? R.load_h1(hp[e], !STAGED && !LATE_RES && !measure) : nj::from_float<h_t>(0.f);
         const float f = nj::to_float(he[e]);
         if constexpr (S::LAYERNORM) {
           if constexpr (!LATE_SHIFT)
@@ -812,9 +829,9 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
           if (hp[e] >= 0) s[0] += nj::to_float(he[e]) - shift;
       }
     }
-    // Staged: residual_out once every load of the row is issued (tensor
-    // scaling's measuring launch stores nothing).
-    if constexpr (STAGED && S::STORE_RES) {
+    // Staged (and LATE_RES): residual_out once every load of the row is
+    // issued (tensor scaling's measuring launch stores nothing).
+    if constexpr ((STAGED || LATE_RES) && S::STORE_RES) {
       if (valid && !measure) {
 #pragma unroll
         for (int i = 0; i < L::ITERS; ++i)

@@ -13,13 +13,25 @@ int forward_iters(const LaunchConfig& c, int N, bool peel) {
   return static_cast<int>((chunks + c.threads_per_row - 1) / c.threads_per_row);
 }
 
+// Unstaged rows that store residual_out with two chunks a thread or more:
+// they load every chunk of x and residual before any store (norm_fwd.cuh
+// LATE_RES).
+bool late_res_rows(const Variant& v, const LaunchConfig& c, int N, bool peel) {
+  return v.store_res && !c.stages && !c.two_pass && forward_iters(c, N, peel) > 1 && (peel || N % c.vec == 0) &&
+         !v.xgroup;
+}
+
 // forward_register_need without the staged weight and bias, nor u kept.
 int row_register_base(const Variant& v, const LaunchConfig& c, int N, bool peel) {
   const bool ln = v.norm == NormKind::LayerNorm;
   const int fp32_sum = v.residual && dtype_size(v.h) == 4 ? 8 : 0;  // a residual summed in fp32
   if (c.two_pass) return 32 + (ln ? 8 : 0) + fp32_sum;
   const int elems = forward_iters(c, N, peel) * c.vec;
-  return 24 + elems + (elems >= 16 ? 8 : 0) + (ln ? 4 : 0) + (c.row_split() > 1 ? 8 : 0) + (peel ? 16 : 0) + fp32_sum;
+  // LATE_RES rows: half a register an element more, plus 8 (ptxas,
+  // unbounded, took 56-134 registers over 13 such kernels; rms bf16
+  // 4096x2048 v8.t128.r1 spilled at 48, fp16 4096 v8.t64.r1 at 128).
+  return 24 + elems + (elems >= 16 ? 8 : 0) + (ln ? 4 : 0) + (c.row_split() > 1 ? 8 : 0) + (peel ? 16 : 0) + fp32_sum +
+         (late_res_rows(v, c, N, peel) ? std::max(16, elems / 2 + 8) : 0);
 }
 
 // Rows that keep u: their scales' maxima and the weight loaded with the row
@@ -30,8 +42,9 @@ constexpr int kKeepURegisters = 16;
 // registers. `smsp`: each of an SM's 4 schedulers has a quarter of the
 // register file for the warps it holds, and ptxas caps a thread at what the
 // fullest one allows (9 CTAs of 64 threads: 5 warps on one, 96 registers,
-// not 113: a group128 row of 64 elements spilled). Counted for the rows
-// that keep u; the other kernels' bounds predate it, and their tuned
+// not 113: a group128 row of 64 elements spilled, and so did an fp16
+// residual row of 4096, v8.t64.r1). Counted for the rows that keep u and
+// LATE_RES rows; the other kernels' bounds predate it, and their tuned
 // entries were measured with them.
 int ctas_for(int threads, int need, bool smsp) {
   const DeviceFacts sm90;  // its per-SM limits: those of sm_80 and sm_90
@@ -123,7 +136,7 @@ int forward_min_blocks(const Variant& v, const LaunchConfig& c, int N, bool peel
   // and a bound made it worse (64 and a stack frame for LayerNorm fp32).
   const bool keep_u = keeps_u_rows(v, c, N, peel);
   if ((v.quant != QuantScaling::None && !keep_u) || v.xgroup || c.two_pass) return 1;
-  return ctas_for(c.threads(), forward_register_need(v, c, N, peel), keep_u);
+  return ctas_for(c.threads(), forward_register_need(v, c, N, peel), keep_u || late_res_rows(v, c, N, peel));
 }
 
 std::int64_t backward_stage_bytes(const Variant& v, std::int64_t N, const LaunchConfig& c, bool dw_smem) {
