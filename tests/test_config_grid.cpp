@@ -712,6 +712,24 @@ TEST_CASE("config_grid: forward stages 1 stages the weight where that changes th
   CHECK(staged_for_launch(Op::Forward, few, LaunchConfig::parse("v8.t1024.r1"), f) == LaunchConfig::parse("v8.t1024.r1"));
 }
 
+TEST_CASE("config_model: forward rows read twice only where no config holds the row in registers") {
+  // The shapes where the model had picked two-pass rows (1.4-2.4x the
+  // fastest), and rows no config holds on a GPU without clusters.
+  for (const char* spec : {"rms:bf16:512x100003:res", "ln:bf16:700x98305:res", "rms:bf16:1024x77777",
+                           "rms:fp32:1024x200001", "rms:bf16:256x262144"}) {
+    const NormDesc d = detail::parse_shape_spec(spec).desc;
+    const std::string shape = spec;
+    CAPTURE(shape);
+    for (int max_cluster : {16, 1}) {
+      CAPTURE(max_cluster);
+      const auto grid = detail::candidate_grid(Op::Forward, d, max_cluster);
+      const LaunchConfig h = heuristic_config(Op::Forward, d, normjit_test::test_facts(max_cluster));
+      CAPTURE(h.str());
+      CHECK(h.two_pass == all_two_pass(grid));
+    }
+  }
+}
+
 TEST_CASE("config_model: tensor scaling at decode takes rows per program that one cluster's programs hold") {
   // Current (tensor) scaling in one launch needs a program for each row
   // group within one cluster (launch_rows); past that it pays a zeroed

@@ -266,17 +266,31 @@ QuantCaps quant_caps(Op op, const NormDesc& d, const Variant& v, const std::vect
 bool excluded(const QuantCaps& q, const NormDesc& d, const LaunchConfig& c) {
   return (q.threads && c.threads() > kQuantCtaThreads) || (q.token && elems_per_thread(d, c) > kTokenRowElems);
 }
+
+
+// Forward rows read twice (two-pass) only where no config holds the row in
+// registers: the constants price a two-pass row too cheaply at mid M. Over
+// the whole grids timed with the kernels of 2026-11-27 the model picked
+// two-pass rows 7 times, each 1.37-2.42x the fastest (rms bf16 512x100003
+// with a residual, ln bf16 700x98305 with one, rms bf16 1024x77777, rms
+// fp32 1024x200001); a two-pass row was fastest in 2 of 9 timed on an H200
+// where both kinds exist, by 5% and 26% (rms fp16 238x43688, ln bf16
+// 197x38952), where the model picked a one-pass row anyway.
+bool registers_hold_row(Op op, const std::vector<LaunchConfig>& grid) {
+  return op == Op::Forward && std::any_of(grid.begin(), grid.end(), [](const LaunchConfig& c) { return !c.two_pass; });
+}
 }  // namespace
 
 std::size_t fastest_of(Op op, const NormDesc& d, const std::vector<LaunchConfig>& grid, const DeviceFacts& dev,
                        const ModelParams& p) {
   const Variant v = make_variant(op, d);
   const QuantCaps caps = quant_caps(op, d, v, grid);
+  const bool one_pass_only = registers_hold_row(op, grid);
   // The grid is sorted simplest first: a later config must be faster to win.
   std::size_t best = 0;
   double best_t = std::numeric_limits<double>::infinity();
   for (std::size_t i = 0; i < grid.size(); ++i) {
-    if (excluded(caps, d, grid[i])) continue;
+    if (excluded(caps, d, grid[i]) || (one_pass_only && grid[i].two_pass)) continue;
     const double t = predicted_ns(op, d, v, grid[i], dev, p);
     if (t < best_t * (1 - 1e-9)) {
       best_t = t;
