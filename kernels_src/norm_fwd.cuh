@@ -699,8 +699,16 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         } else {
           const bool take = (UNGUARDED || valid) && tc.in(i) && nj::whole_chunk<PEEL>(R, tc.col(i));
           raw[i] = R.template load_raw<true>(tc.col(i), true, take);
-          if constexpr (PREFETCH_WB && !ROW_AMAX && !KEEP_U)
-            if (take) nj::load_wb<S>(a, tc.col(i), PEEL || EXACT, wv[i], bv[i], R.lo);
+          if constexpr (PREFETCH_WB && !ROW_AMAX && !KEEP_U) {
+            if constexpr (PEEL) {
+              if (take) nj::load_wb<S>(a, tc.col(i), true, wv[i], bv[i], R.lo);
+            } else {
+              // The weight under the same predicate: behind a branch, the
+              // second chunk's waited for the first chunk to arrive.
+              if constexpr (S::HAS_W) wv[i] = nj::load_vec_if<w_t, S::VEC>(static_cast<const w_t*>(a.w) + tc.col(i), take);
+              if constexpr (S::HAS_B) bv[i] = nj::load_vec_if<w_t, S::VEC>(static_cast<const w_t*>(a.b) + tc.col(i), take);
+            }
+          }
         }
       }
 #pragma unroll
