@@ -267,7 +267,6 @@ bool excluded(const QuantCaps& q, const NormDesc& d, const LaunchConfig& c) {
   return (q.threads && c.threads() > kQuantCtaThreads) || (q.token && elems_per_thread(d, c) > kTokenRowElems);
 }
 
-
 // Forward rows read twice (two-pass) only where no config holds the row in
 // registers: the constants price a two-pass row too cheaply at mid M. Over
 // the whole grids timed with the kernels of 2026-11-27 the model picked
