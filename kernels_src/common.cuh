@@ -84,11 +84,22 @@ template <int N, int VEC, int TPR, int C = 1> struct ThreadCols {
   }
 };
 
-// Loads the chunk starting at column `col` of a row; columns >= N read as 0.
+// Loads the chunk starting at column `col` (a multiple of VEC) of a row;
+// columns >= N read as 0. Where VEC divides N a chunk lies wholly inside the
+// row or wholly past it, and the test says so (col < N): tested as
+// col + VEC <= N, ptxas kept the element-wise path it cannot prove dead,
+// and hoisted its first element's load ahead of every chunk's vector.
 template <int N, int VEC, class T>
 __device__ __forceinline__ Vec<T, VEC> load_chunk(const T* __restrict__ row, int col, bool exact) {
   Vec<T, VEC> r;
-  if (exact || col + VEC <= N) {
+  if constexpr (N % VEC == 0) {
+    if (exact || col < N) {
+      r = *reinterpret_cast<const Vec<T, VEC>*>(row + col);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) r.v[k] = from_float<T>(0.f);
+    }
+  } else if (exact || col + VEC <= N) {
     r = *reinterpret_cast<const Vec<T, VEC>*>(row + col);
   } else {
 #pragma unroll
@@ -99,7 +110,9 @@ __device__ __forceinline__ Vec<T, VEC> load_chunk(const T* __restrict__ row, int
 
 template <int N, int VEC, class T>
 __device__ __forceinline__ void store_chunk(T* __restrict__ row, int col, const Vec<T, VEC>& v, bool exact) {
-  if (exact || col + VEC <= N) {
+  if constexpr (N % VEC == 0) {
+    if (exact || col < N) *reinterpret_cast<Vec<T, VEC>*>(row + col) = v;
+  } else if (exact || col + VEC <= N) {
     *reinterpret_cast<Vec<T, VEC>*>(row + col) = v;
   } else {
 #pragma unroll

@@ -758,8 +758,14 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         // branched around each chunk of a row quantized with a row's amax and
         // issued its loads one round trip after another.
         if ((UNGUARDED || valid) && tc.in(i) && nj::whole_chunk<PEEL>(R, col)) {
+          // A row that stores residual_out (load_h) loads the chunk's weight
+          // first: after that store, which waits for x and the residual,
+          // the weight's load waited too (the pointers may alias), a second
+          // round trip (rms bf16 5x992 with a residual, v8.t128.r1).
+          constexpr bool WB = PREFETCH_WB && !ROW_AMAX && !KEEP_U;
+          if constexpr (WB && S::STORE_RES) nj::load_wb<S>(a, col, PEEL || EXACT, wv[i], bv[i], R.lo);
           hv[i] = R.load_h(col, PEEL || EXACT, !measure && valid);
-          if constexpr (PREFETCH_WB && !ROW_AMAX && !KEEP_U) nj::load_wb<S>(a, col, PEEL || EXACT, wv[i], bv[i], R.lo);
+          if constexpr (WB && !S::STORE_RES) nj::load_wb<S>(a, col, PEEL || EXACT, wv[i], bv[i], R.lo);
         } else {
 #pragma unroll
           for (int k = 0; k < S::VEC; ++k) hv[i].v[k] = nj::from_float<h_t>(0.f);
