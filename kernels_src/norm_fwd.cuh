@@ -333,6 +333,20 @@ template <class S> struct FwdRow {
     }
   }
 
+  // first_h's two elements (x and the residual at the row's first column)
+  // as loaded, and the shift from them: residual rows load them before the
+  // row and sum them after its loads (RAW_SHIFT in norm_fwd_rows).
+  struct First {
+    typename S::x_t x;
+    typename S::r_t r;
+  };
+  __device__ __forceinline__ First first_raw() const { return {x[lo], r[lo]}; }
+  __device__ __forceinline__ float first_h(const First& f) const {
+    float v = to_float(f.x) + to_float(f.r);
+    if constexpr (S::ROUND_RES) v = round_to<typename S::r_t>(v);
+    return to_float(from_float<typename S::h_t>(v));
+  }
+
   // One element of h at column p (a peeled row's edge), and (store) its
   // residual_out; as load_h and store_res do for a chunk.
   __device__ __forceinline__ typename S::h_t load_h1(int p, bool store) const {
@@ -679,7 +693,14 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     // (Not after a residual add: the row's stores of h come first, and may
     // overwrite the residual the shift is computed from.)
     constexpr bool LATE_SHIFT = S::LAYERNORM && !STAGED && !S::RESIDUAL;
-    if constexpr (S::LAYERNORM && !LATE_SHIFT) shift = valid ? R.first_h() : 0.f;
+    // Unstaged rows with a residual add (RAW_SHIFT) load the shift's two
+    // elements after the row's loads and before its first residual_out, and
+    // sum them in the sums' loop. Loaded and summed first, ptxas gave the
+    // shift's registers to the row's loads, which waited for the sum: a
+    // round trip more (SASS of ln fp32 3x360:res, v4.t128.r1).
+    constexpr bool RAW_SHIFT = S::LAYERNORM && S::RESIDUAL && !STAGED && nj::xgroup_of<S>() == 0;
+    typename nj::FwdRow<S>::First first{};
+    if constexpr (S::LAYERNORM && !LATE_SHIFT && !RAW_SHIFT) shift = valid ? R.first_h() : 0.f;
     // Unstaged rows of two chunks a thread or more that store residual_out
     // load as staged rows do, and store it after every load (below): with
     // each chunk's loads behind a branch and its residual_out stored as it
@@ -711,6 +732,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
           }
         }
       }
+      if constexpr (RAW_SHIFT) first = R.first_raw();
 #pragma unroll
       for (int i = 0; i < L::ITERS; ++i) {
         if ((LATE_RES ? UNGUARDED || valid : valid) && tc.in(i) && nj::whole_chunk<PEEL>(R, tc.col(i))) {
@@ -749,6 +771,8 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
           if constexpr (PREFETCH_WB && !ROW_AMAX && !KEEP_U) nj::load_wb<S>(a, c, false, wv[i], bv[i], R.lo);
         }
       }
+      // (These rows store no residual_out: such rows take LATE_RES's loads.)
+      if constexpr (RAW_SHIFT) first = R.first_raw();
     }
 #pragma unroll
     for (int i = 0; i < L::ITERS; ++i) {
@@ -764,12 +788,26 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
           // round trip (rms bf16 5x992 with a residual, v8.t128.r1).
           constexpr bool WB = PREFETCH_WB && !ROW_AMAX && !KEEP_U;
           if constexpr (WB && S::STORE_RES) nj::load_wb<S>(a, col, PEEL || EXACT, wv[i], bv[i], R.lo);
-          hv[i] = R.load_h(col, PEEL || EXACT, !measure && valid);
+          if constexpr (RAW_SHIFT) {
+            // The shift's loads after the chunk's and before its residual_out.
+            const auto raw = R.load_raw(col, PEEL || EXACT);
+            if (i == 0) first = R.first_raw();
+            hv[i] = R.combine(raw);
+            if (!measure && valid) R.store_res(col, PEEL || EXACT, hv[i]);
+          } else {
+            hv[i] = R.load_h(col, PEEL || EXACT, !measure && valid);
+          }
           if constexpr (WB && !S::STORE_RES) nj::load_wb<S>(a, col, PEEL || EXACT, wv[i], bv[i], R.lo);
         } else {
+          if constexpr (RAW_SHIFT) {
+            if (i == 0) first = R.first_raw();
+          }
 #pragma unroll
           for (int k = 0; k < S::VEC; ++k) hv[i].v[k] = nj::from_float<h_t>(0.f);
         }
+      }
+      if constexpr (RAW_SHIFT) {
+        if (i == 0) shift = valid ? R.first_h(first) : 0.f;
       }
 #pragma unroll
       for (int k = 0; k < S::VEC; ++k) {
