@@ -171,6 +171,34 @@ TEST_CASE("cli: compile fills the kernel cache; cache list counts it; cache clea
   CHECK(number_after(cli("cache list").output, "compiled kernels: ") == 0);
 }
 
+TEST_CASE("cli: compile --dump writes one config's generated source and cubin, and nothing into the kernel cache") {
+  const Cli cli;
+  const NormDesc d = make_desc(64, 128);
+  const LaunchConfig cfg = candidate_grid(Op::Forward, d).back();
+  const KernelSpec spec = make_spec(Op::Forward, d, cfg);
+  const fs::path dir = cli.cache_dir() / "dump";
+  const CliResult r = cli(fmt::format("compile --shape rms:bf16:64x128 --op fwd --config {} --dump '{}'", cfg.str(),
+                                      dir.string()));
+  CAPTURE(r.output);
+  REQUIRE(r.exit_code == 0);
+  std::ifstream cu(dir / (spec.name() + ".cu")), cubin(dir / (spec.name() + ".cubin"), std::ios::binary);
+  const std::string src{std::istreambuf_iterator<char>(cu), {}}, bin{std::istreambuf_iterator<char>(cubin), {}};
+  CHECK(src == spec.source());
+  REQUIRE(bin.size() > 4);
+  CHECK(bin.compare(0, 4, "\x7f" "ELF") == 0);
+  CHECK(contains(r.output, spec.name() + ".cubin"));
+  CHECK(count_cubins(cli.cache_dir() / "kernels") == 0);
+
+  // A config the grid rules out is named with the rule; --dump needs --config.
+  const fs::path none = cli.cache_dir() / "none";
+  check_fails(cli,
+              fmt::format("compile --shape rms:bf16:64x128 --op fwd --config v8.t1024.r1.c16 --dump '{}'", none.string()),
+              2, {"--config 'v8.t1024.r1.c16'", "rms_fwd"});
+  check_fails(cli, fmt::format("compile --shape rms:bf16:64x128 --dump '{}'", none.string()), 2,
+              {"--dump requires --config"});
+  CHECK(!fs::exists(none));
+}
+
 TEST_CASE("cli: --trace and $NORMJIT_TRACE write a Chrome trace of compiles and cubin-cache reads") {
   Cli cli;
   const fs::path file = cli.cache_dir() / "trace.json";

@@ -1,5 +1,7 @@
 // normjit explain (where each shape's config comes from) and normjit compile (precompiles the kernels).
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 
@@ -7,7 +9,11 @@
 #include <fmt/ranges.h>
 
 #include "config/config_grid.hpp"
+#include "compile/kernel_sources.hpp"
 #include "compile/nvrtc.hpp"
+#include "compile/specialization.hpp"
+#include "core/shape_spec.hpp"
+#include "device/device_facts.hpp"
 #include "tuning/tuned_cache.hpp"
 #include "core/variant.hpp"
 #include "cli/cli.hpp"
@@ -89,6 +95,49 @@ int cmd_compile(Engine& engine, const ShapeOptions& so, const std::string& arch)
   fmt::print("{} kernel variants compiled or found in {}/kernels\n", total, engine.cache_dir());
   for (const auto& f : failures) fmt::print(stderr, "normjit: {}\n", f);
   return failures.empty() ? 0 : 1;
+}
+
+int cmd_compile_dump(const ShapeOptions& so, const std::string& config, const std::string& arch,
+                     const std::string& dir) {
+  const LaunchConfig cfg = LaunchConfig::parse(config);
+  const int max_cluster = max_cluster_of_arch(std::stoi(arch.substr(3)));  // arch: sm_<digits>[a], checked by CLI11
+  const auto shapes = resolve_shapes(so);
+  // Every shape's config checked before anything is written: a grid
+  // config, or the staged variant a launch of few rows runs.
+  for (const auto& w : shapes.work)
+    for (Op op : w.ops) {
+      const NormDesc& d = w.shape.desc;
+      std::string why;
+      LaunchConfig unstaged = cfg;
+      unstaged.stages = 0;
+      const bool staged = op == Op::Forward && cfg.stages && config_valid(op, d, unstaged, nullptr, max_cluster) &&
+                          staged_variant(op, d, unstaged, max_cluster) == cfg;
+      if (!staged && !config_valid(op, d, cfg, &why, max_cluster))
+        throw Error(ErrorKind::InvalidArgument,
+                    fmt::format("--config '{}' is not a launch config of {} for {} on {}: {}", config,
+                                op_label(op, d.norm), shape_spec(d), arch, why));
+    }
+  nvrtc();
+  fs::create_directories(dir);
+  for (const auto& w : shapes.work)
+    for (Op op : w.ops) {
+      const NormDesc& d = w.shape.desc;
+      const KernelSpec spec = make_spec(op, d, cfg);
+      const std::string src = spec.source();
+      const auto built =
+          compile_cubin(src, spec.name() + ".cu", kernel_sources(), nvrtc_options(), spec.kernel_name(), arch);
+      const fs::path base = fs::path(dir) / spec.name();
+      using File = std::pair<const char*, const std::string*>;
+      for (const auto& [ext, bytes] : {File{".cu", &src}, File{".cubin", &built.cubin}}) {
+        std::ofstream f(base.string() + ext, std::ios::binary);
+        f << *bytes;
+        if (!f)
+          throw Error(ErrorKind::InvalidArgument, fmt::format("--dump '{}': cannot write {}{}", dir, base.string(), ext));
+      }
+      fmt::print("{} {} {}: {}.cu, {}.cubin ({} bytes, {})\n", op_label(op, d.norm), w.shape.name, cfg.str(),
+                 base.string(), base.string(), built.cubin.size(), arch);
+    }
+  return 0;
 }
 
 }  // namespace normjit::cli

@@ -119,12 +119,20 @@ struct CompileArgs {
   CLI::App* cmd = nullptr;
   ShapeOptions shapes;
   std::string arch = "sm_90";
+  std::string config, dump_dir;
 };
 
 void add_compile_command(CLI::App& app, CompileArgs& a) {
   auto* compile = app.add_subcommand("compile", "Compile every grid variant into the kernel cache (NVRTC only, no GPU)");
   a.cmd = compile;
   add_shape_options(compile, a.shapes);
+  auto* dump = compile->add_option(
+      "--dump", a.dump_dir,
+      "Instead, write the kernel of --config for each shape and op into this directory: its generated source "
+      "(<kernel>.cu) and cubin (<kernel>.cubin), for cuobjdump -sass");
+  compile->add_option("--config", a.config, "The launch config --dump writes, e.g. v8.t256.r1.c8 (see explain)")
+      ->needs(dump);
+  dump->needs("--config");
   compile->add_option("--arch", a.arch, "Target architecture, e.g. sm_90")->check(CLI::Validator(
       [](std::string& s) { return s.size() >= 5 && s.rfind("sm_", 0) == 0 && s.find_first_not_of("0123456789a", 3) == std::string::npos ? std::string() : "expected sm_<digits>, e.g. sm_90"; },
       "sm_XY"));
@@ -193,6 +201,8 @@ int dispatch(Engine& engine, const CliArgs& a) {
     return cmd_tune(engine, t.shapes, t.vs_untuned, t.json, t.retune, t.list, t.whole_grid, t.devices);
   if (a.explain.cmd->parsed()) return cmd_explain(engine, a.explain.shapes, a.explain.device);
   if (a.bench.cmd->parsed()) return cmd_bench(engine, a.bench.shapes, a.bench.json, a.bench.reps, !a.bench.no_check);
+  if (a.compile.cmd->parsed() && !a.compile.dump_dir.empty())
+    return cmd_compile_dump(a.compile.shapes, a.compile.config, a.compile.arch, a.compile.dump_dir);
   if (a.compile.cmd->parsed()) return cmd_compile(engine, a.compile.shapes, a.compile.arch);
   if (c.list->parsed()) return cmd_cache_list(engine);
   if (c.show->parsed()) return cmd_cache_show(engine, c.show_file);
