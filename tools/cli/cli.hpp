@@ -57,9 +57,9 @@ void check_devices(const std::vector<int>& devices);
 // explain.cpp.
 int cmd_explain(Engine& engine, const ShapeOptions& so, const std::string& device);
 int cmd_compile(Engine& engine, const ShapeOptions& so, const std::string& arch);
-// compile --dump: the kernel of `config` (a candidate of each op's grid for
-// each shape, or its staged variant) as source and cubin files in `dir`.
-// Error(InvalidArgument) names a config that is neither.
+// compile --dump: the kernel of `config` for each shape and op as source and
+// cubin files in `dir`. Error(InvalidArgument) names a config the grid's
+// rules (config_valid) exclude, and nothing is written.
 int cmd_compile_dump(const ShapeOptions& so, const std::string& config, const std::string& arch,
                      const std::string& dir);
 

@@ -1,5 +1,4 @@
 // normjit explain (where each shape's config comes from) and normjit compile (precompiles the kernels).
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -100,19 +99,15 @@ int cmd_compile(Engine& engine, const ShapeOptions& so, const std::string& arch)
 int cmd_compile_dump(const ShapeOptions& so, const std::string& config, const std::string& arch,
                      const std::string& dir) {
   const LaunchConfig cfg = LaunchConfig::parse(config);
-  const int max_cluster = max_cluster_of_arch(std::stoi(arch.substr(3)));  // arch: sm_<digits>[a], checked by CLI11
+  const int max_cluster = max_cluster_of_arch(sm_of_arch(arch));
   const auto shapes = resolve_shapes(so);
-  // Every shape's config checked before anything is written: a grid
-  // config, or the staged variant a launch of few rows runs.
+  // Every shape's config checked before anything is written (the grid's
+  // rules; a staged config is valid where it is a grid config's staged variant).
   for (const auto& w : shapes.work)
     for (Op op : w.ops) {
       const NormDesc& d = w.shape.desc;
       std::string why;
-      LaunchConfig unstaged = cfg;
-      unstaged.stages = 0;
-      const bool staged = op == Op::Forward && cfg.stages && config_valid(op, d, unstaged, nullptr, max_cluster) &&
-                          staged_variant(op, d, unstaged, max_cluster) == cfg;
-      if (!staged && !config_valid(op, d, cfg, &why, max_cluster))
+      if (!config_valid(op, d, cfg, &why, max_cluster))
         throw Error(ErrorKind::InvalidArgument,
                     fmt::format("--config '{}' is not a launch config of {} for {} on {}: {}", config,
                                 op_label(op, d.norm), shape_spec(d), arch, why));
