@@ -134,6 +134,14 @@ template <bool PEEL, class Row> __device__ __forceinline__ bool whole_chunk(cons
 template <class S, class L> constexpr bool few_chunk_rows() {
   return S::STAGES == 0 && S::ROWS == 1 && S::TPR >= 128 && L::ITERS > 1 && L::ITERS <= 8;
 }
+// Is column col + k of an unpeeled row's chunk at `col` part of the row?
+// Where VEC divides N a chunk inside the row (tc.in) is wholly inside it:
+// tested element by element, ptxas kept a branch an element and sank the
+// weight's and bias's loads past the warp's sums (SASS of ln fp16 10x2136,
+// v8.t512.r1: loaded after the first shuffle, not with x).
+template <class S> __device__ __forceinline__ bool col_in_row(int col, int k) {
+  return S::N % S::VEC == 0 || col + k < S::N;
+}
 template <class S> constexpr bool whole_rows_of() {
   using L = RowLayout<S::N, S::VEC, S::TPR, S::CLUSTER>;
   return !peel_of<S>() && !L::EXACT && few_chunk_rows<S, L>() && S::N % S::VEC == 0 && xgroup_of<S>() == 0;
@@ -814,7 +822,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         const float f = nj::to_float(hv[i].v[k]);
         if constexpr (S::LAYERNORM) {
           if constexpr (!LATE_SHIFT)
-            if (EXACT || (tc.in(i) && (PEEL ? R.inner(col) : col + k < S::N))) s[0] += f - shift;  // padding is not part of the row
+            if (EXACT || (tc.in(i) && (PEEL ? R.inner(col) : nj::col_in_row<S>(col, k)))) s[0] += f - shift;  // padding is not part of the row
         } else {
           s[0] += f * f;
         }
@@ -873,7 +881,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         const int col = tc.col(i);
 #pragma unroll
         for (int k = 0; k < S::VEC; ++k)
-          if (EXACT || (tc.in(i) && (PEEL ? R.inner(col) : col + k < S::N))) s[0] += nj::to_float(hv[i].v[k]) - shift;
+          if (EXACT || (tc.in(i) && (PEEL ? R.inner(col) : nj::col_in_row<S>(col, k)))) s[0] += nj::to_float(hv[i].v[k]) - shift;
       }
       if constexpr (PEEL) {
 #pragma unroll
@@ -923,7 +931,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
 #pragma unroll
         for (int k = 0; k < S::VEC; ++k) {
           const float d = (nj::to_float(hv[i].v[k]) - shift) - m;
-          if (EXACT || (tc.in(i) && (PEEL ? R.inner(col) : col + k < S::N))) s[0] += d * d;  // padding is not part of the row
+          if (EXACT || (tc.in(i) && (PEEL ? R.inner(col) : nj::col_in_row<S>(col, k)))) s[0] += d * d;  // padding is not part of the row
         }
         if constexpr (FOLD) {
           if (valid && tc.in(i) && nj::whole_chunk<PEEL>(R, col)) {

@@ -4,16 +4,24 @@
 # NORMJIT_KERNELS_DIR) and twice with its own embedded ones, alternating,
 # with no tuned cache (every config is the config model's, the same for
 # both), then prints a table of the lower medians (us, GB/s, SOL%, old/new).
-#   AB_OLD_KERNELS  a directory of the old kernels_src/*.cuh (required; make
-#                   it here with: git archive REV kernels_src | tar -x -C DIR)
+#   AB_OLD_KERNELS  a directory of the old kernels_src/*.cuh (make it here
+#                   with: git archive REV kernels_src | tar -x -C DIR)
+#   AB_OLD_BUILD_DIR  a build whose normjit runs the old side instead, with
+#                   its own templates unless AB_OLD_KERNELS is set (an edit
+#                   of the host too, such as the kernels' argument layout)
+# One of AB_OLD_KERNELS and AB_OLD_BUILD_DIR is required.
+#   AB_NEW_KERNELS  a directory of the new templates (default: the binary's own)
 #   AB_OP           fwd or bwd (default bwd)
 #   NORMJIT_BUILD_DIR  a build with the normjit CLI (default build/)
 # Usage: AB_OLD_KERNELS=.dev/oldk/kernels_src bash tools/ab_kernels.sh rms:bf16:147x6560 ...
+#        AB_OLD_BUILD_DIR=.dev/old bash tools/ab_kernels.sh rms:bf16:147x6560 ...
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 nj="${NORMJIT_BUILD_DIR:-$root/build}/normjit"
 out="${OUT:-$root/device-out}"
-old="${AB_OLD_KERNELS:?AB_OLD_KERNELS must name the old templates directory}"
+old="${AB_OLD_KERNELS:-}"
+old_nj="${AB_OLD_BUILD_DIR:+$AB_OLD_BUILD_DIR/normjit}"
+[ -n "$old$old_nj" ] || { echo "set AB_OLD_KERNELS (old templates) or AB_OLD_BUILD_DIR (old build)" >&2; exit 2; }
 op="${AB_OP:-bwd}"
 [ $# -gt 0 ] || { echo "usage: AB_OLD_KERNELS=DIR $0 SHAPE..." >&2; exit 2; }
 mkdir -p "$out"
@@ -24,8 +32,8 @@ caches=$(mktemp -d)
 trap 'rm -rf "$caches"' EXIT
 for r in 1 2; do
   for b in old new; do
-    if [ $b = old ]; then kd="$old"; else kd=""; fi  # empty: the binary's embedded templates
-    NORMJIT_KERNELS_DIR="$kd" NORMJIT_BUILTIN_CACHES=0 "$nj" --cache-dir "$caches/$b$r" bench --op "$op" --reps 30 \
+    if [ $b = old ]; then kd="$old" bin="${old_nj:-$nj}"; else kd="${AB_NEW_KERNELS:-}" bin="$nj"; fi  # kd empty: the binary's embedded templates
+    NORMJIT_KERNELS_DIR="$kd" NORMJIT_BUILTIN_CACHES=0 "$bin" --cache-dir "$caches/$b$r" bench --op "$op" --reps 30 \
       --no-check --json "$out/ab-$b$r.json" "${args[@]}" > "$out/ab-$b$r.log" 2>&1 ||
       { echo "bench $b run $r failed; see $out/ab-$b$r.log" >&2; exit 1; }
   done
