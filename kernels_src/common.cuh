@@ -225,6 +225,12 @@ __device__ __forceinline__ void dsmem_store_async(unsigned dst, float v, unsigne
                "r"(dst_bar)
                : "memory");
 }
+// Two floats at once (8-byte aligned `dst`): one transaction on the peer's mbarrier, not two.
+__device__ __forceinline__ void dsmem_store_async(unsigned dst, float v0, float v1, unsigned dst_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(dst),
+               "f"(v0), "f"(v1), "r"(dst_bar)
+               : "memory");
+}
 __device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
   unsigned done = 0;
   while (!done)

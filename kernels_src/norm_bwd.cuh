@@ -44,16 +44,7 @@ template <class S> constexpr bool dw_cluster_of() { return dw_cluster_or0<S>(0) 
 template <class S> constexpr auto dc_rows_or0(int) -> decltype(S::DC_ROWS + 0) { return S::DC_ROWS; }
 template <class S> constexpr int dc_rows_or0(long) { return 0; }
 
-// Every thread of every CTA of the cluster arrives; the release / acquire
-// pair makes each CTA's shared-memory writes visible to the others' reads.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
 __host__ __device__ constexpr int pad16(int bytes) { return (bytes + 15) / 16 * 16; }
-// Stores v at `p` (this CTA's shared memory) in the CTA of rank `rank`.
-__device__ __forceinline__ void peer_store(float* p, unsigned rank, float v) {
-  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(dsmem_map(smem_addr(p), rank)), "f"(v) : "memory");
-}
 
 template <class S> constexpr int kPartials = (S::HAS_W ? 1 : 0) + (S::HAS_B ? 1 : 0);
 template <class S> using red_t = float[S::ROWS][kWarpsPerRow<S::TPR>][2];
@@ -713,8 +704,20 @@ template <class S> __device__ __forceinline__ void norm_bwd_dc(const nj::NormArg
   float* sums = recv + 2 * C * R * K;                    // [R][K]
   float* stats = sums + R * K;                           // [R][2]
 
-  // Peers' stores may target this CTA's shared memory only once it runs:
-  // arrive now, wait before the first store (the copies overlap it).
+  // The row sums travel by st.async, each landing on its receiver's
+  // mbarrier of the batch's buffer (two, alternating): a CTA waits only for
+  // its own buffer to fill. A release / acquire cluster barrier a batch
+  // compiled to MEMBAR.ALL.GPU and an L1 invalidation (see ClusterMax).
+  __shared__ unsigned long long bars[2];
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(nj::smem_addr(&bars[b])) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  // Peers' stores may target this CTA's shared memory (and mbarriers) only
+  // once it runs and has set them up: arrive now, wait before the first
+  // store (the copies overlap it).
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
   const unsigned rank = nj::cluster_rank();
   const int c0 = static_cast<int>(rank) * SL;
@@ -784,8 +787,13 @@ template <class S> __device__ __forceinline__ void norm_bwd_dc(const nj::NormArg
         for (int k = 0; k < V; ++k)
           wf[i][k] = S::HAS_W && tc.in(i) ? nj::to_float(ws[tc.chunk(i) * V + k]) + S::W_OFFSET : 0.f;
     }
-    // 2. Row sums: a warp a row over the slice, to every peer.
+    // 2. Row sums: a warp a row over the slice, to every peer. A buffer is
+    // refilled two batches on: a peer sends batch + 2 only once it has this
+    // CTA's sums of batch + 1, sent after this CTA last read the buffer.
     float* rb = recv + (batch & 1) * C * R * K;
+    const unsigned bar = nj::smem_addr(&bars[batch & 1]);
+    if (threadIdx.x == 0)
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(C * rows * K * 4) : "memory");
     for (int m = warp; m < rows; m += T / 32) {
       const float mu = stats[2 * m + 1];
       float c[2] = {0.f, 0.f};
@@ -801,13 +809,14 @@ template <class S> __device__ __forceinline__ void norm_bwd_dc(const nj::NormArg
           if constexpr (S::LAYERNORM) c[1] += g;
         }
       }
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        const float t = nj::warp_sum(c[k]);
-        if (lane < C) nj::peer_store(rb + (rank * R + m) * K + k, lane, t);
+      const float t0 = nj::warp_sum(c[0]), t1 = K > 1 ? nj::warp_sum(c[1]) : 0.f;
+      if (lane < C) {  // a row's K sums in one store a peer (rb's rows are 8-byte aligned)
+        const unsigned dst = nj::dsmem_map(nj::smem_addr(rb + (rank * R + m) * K), lane), pb = nj::dsmem_map(bar, lane);
+        if constexpr (K > 1) nj::dsmem_store_async(dst, t0, t1, pb);
+        else nj::dsmem_store_async(dst, t0, pb);
       }
     }
-    nj::cluster_sync();  // every CTA's sums of this batch have landed in every CTA
+    nj::mbarrier_wait(bar, (batch >> 1) & 1);  // every CTA's sums of this batch have landed here
     for (int t = threadIdx.x; t < rows * K; t += T) {
       float v = 0.f;
 #pragma unroll
