@@ -224,6 +224,7 @@ struct FitOptions {
   int iters = 0;
   unsigned seed = 1;
   bool each = false;
+  bool one_wave_only = false;  // fit only the forward's one-wave constants (v held)
   double max_geomean = 0, max_geomean_launched = 0;
   std::vector<double> start_fwd, start_bwd, start_one_wave;
   std::vector<std::string> show;
@@ -242,6 +243,8 @@ void add_options(CLI::App& app, FitOptions& o) {
   app.add_option("--seed", o.seed, "Random seed of the search");
   app.add_option("--write", o.write_path, "Replace the fitted-params block of this config_model.cpp")->check(CLI::ExistingFile);
   app.add_option("--shipped", o.shipped, "Tuned-cache directory whose files give each GPU's facts");
+  app.add_flag("--one-wave-only", o.one_wave_only,
+               "Fit only the forward's one-wave constants on the --launched rows; v (both ops) is held");
   app.add_flag("--each", o.each, "List every shape the model misses by more than 5%");
   app.add_option("--max-geomean", o.max_geomean,
                  "Exit 1 when the model's geometric mean over the fastest, of an op on a GPU, exceeds this");
@@ -274,7 +277,7 @@ bool fit_and_report(const std::vector<Row>& rows, ModelParams (&fitted)[2], cons
         fmt::print("{}: the model's geometric mean {:.3f} exceeds {}\n", what, worst, bound);
         failed = true;
       }
-      if (o.iters > 0) {
+      if (o.iters > 0 && (launched || !o.one_wave_only)) {
         p = fit(op, sel, p, launched, o.iters, o.seed);
         report(sel, p, what + " (fitted)", o.each);
         fmt::print("{} constants: {}\n", what, names_of(launched ? *p.one_wave : p.v));
