@@ -55,13 +55,14 @@ def grid_ns(grid):
     return ns
 
 
-def draw(seed, count, grid_path=GRID, ops=("fwd", "bwd")):
+def draw(seed, count, grid_path=GRID, ops=("fwd", "bwd"), max_m=None):
     """Issue 19's draw: N log-uniform in [64, 262144], a multiple of 8 for 3
     draws in 4 and any integer otherwise, never an N of the grid; M
     log-uniform in [1, 64] for a quarter of the shapes (decode) and in
     [1, 2^20] otherwise, with M * N <= the grid's max_elements; dtype,
     RMSNorm / LayerNorm and op uniform; forwards fuse the residual add half
-    the time."""
+    the time. max_m: the first `count` shapes of the same sequence with
+    M <= max_m (max_m=64: decode rows only)."""
     grid = json.load(open(grid_path))
     taken = grid_ns(grid)
     max_el = grid["max_elements"]
@@ -79,12 +80,13 @@ def draw(seed, count, grid_path=GRID, ops=("fwd", "bwd")):
         norm = rng.choice(["rms", "ln"])
         op = rng.choice(list(ops))
         res = op == "fwd" and rng.random() < 0.5
-        shapes.append({"op": op, "shape": f"{norm}:{dtype}:{m}x{n}{':res' if res else ''}"})
+        if max_m is None or m <= max_m:
+            shapes.append({"op": op, "shape": f"{norm}:{dtype}:{m}x{n}{':res' if res else ''}"})
     return shapes
 
 
 def run(args):
-    shapes = (draw(args.seed, args.count, ops=args.ops.split(",")) if not args.shapes else
+    shapes = (draw(args.seed, args.count, ops=args.ops.split(","), max_m=args.max_m) if not args.shapes else
               [{"op": t.split("/", 1)[0], "shape": t.split("/", 1)[1]} for t in args.shapes.split(",")])
     rows = []
     gpu = None
@@ -108,7 +110,8 @@ def run(args):
                   flush=True)
         # Written after every shape (atomically), so a run cut short keeps what it timed.
         with open(args.out + ".tmp", "w") as f:
-            json.dump({"gpu": gpu, "seed": args.seed, "rows": rows}, f, indent=1)
+            json.dump({"gpu": gpu, "seed": None if args.shapes else args.seed,
+                       "max_m": None if args.shapes else args.max_m, "rows": rows}, f, indent=1)
         os.replace(args.out + ".tmp", args.out)
     print(summary([{"gpu": gpu, "rows": rows}]))
 
@@ -188,6 +191,8 @@ def main():
         p.add_argument("--seed", type=int, default=1)
         p.add_argument("--count", type=int, default=40)
         p.add_argument("--ops", default="fwd,bwd", help="ops to draw from: fwd, bwd or fwd,bwd")
+        p.add_argument("--max-m", type=int, default=None,
+                       help="only shapes with M <= this (the first --count of the seed's sequence; 64: decode rows)")
         if name == "run":
             p.add_argument("--normjit", default=os.path.join(ROOT, "build", "normjit"))
             p.add_argument("--out", default="heldout.json")
@@ -203,7 +208,7 @@ def main():
     p.add_argument("--normjit", default=os.path.join(ROOT, "build", "normjit"))
     a = ap.parse_args()
     if a.cmd == "draw":
-        for s in draw(a.seed, a.count):
+        for s in draw(a.seed, a.count, ops=a.ops.split(","), max_m=a.max_m):
             print(s["op"], s["shape"])
     elif a.cmd == "run":
         run(a)
