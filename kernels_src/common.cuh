@@ -231,6 +231,22 @@ __device__ __forceinline__ void dsmem_store_async(unsigned dst, float v0, float 
                "f"(v0), "f"(v1), "r"(dst_bar)
                : "memory");
 }
+// Thread 0 sets up n mbarriers of one arrival each and publishes them to
+// the cluster; every thread then arrives at the cluster barrier whose wait
+// (before the first st.async to a peer) makes them safe to target.
+__device__ __forceinline__ void mbarriers_init(unsigned long long* bars, int n) {
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < n; ++b)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[b])) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+// This CTA's arrival on `bar` for a phase that completes once `bytes` of
+// st.async have landed on it.
+__device__ __forceinline__ void mbarrier_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
   unsigned done = 0;
   while (!done)
@@ -262,11 +278,7 @@ struct ClusterMax {
   }
   static __device__ __forceinline__ void init() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (threadIdx.x == 0) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&shared().bar)) : "memory");
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    mbarriers_init(&shared().bar, 1);
 #endif
   }
   // v: the CTA's value, the same in every thread.
@@ -275,8 +287,7 @@ struct ClusterMax {
     Shared& sh = shared();
     const unsigned n = cluster_ctas(), me = cluster_rank(), bar = smem_addr(&sh.bar);
     asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every peer's mbarrier is initialised
-    if (threadIdx.x == 0)
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(n * 4) : "memory");
+    if (threadIdx.x == 0) mbarrier_expect_tx(bar, n * 4);
     if (threadIdx.x < n)
       dsmem_store_async(dsmem_map(smem_addr(&sh.buf[me]), threadIdx.x), v, dsmem_map(bar, threadIdx.x));
     mbarrier_wait(bar, 0);
@@ -302,15 +313,7 @@ template <int C, int K> struct ClusterExchange {
   // Every thread calls init(), later ready() before the first exchange; the
   // loads in between overlap the cluster barrier that publishes the mbarriers.
   __device__ __forceinline__ explicit ClusterExchange(Shared& s) : sh(s) {}
-  __device__ __forceinline__ void init() {
-    if (threadIdx.x == 0) {
-#pragma unroll
-      for (int b = 0; b < 2; ++b)
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&sh.bar[b])) : "memory");
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-  }
+  __device__ __forceinline__ void init() { mbarriers_init(sh.bar, 2); }
   __device__ __forceinline__ void ready() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
 
   // v: this CTA's values (in every thread). Afterwards lane r < C of every
@@ -320,8 +323,7 @@ template <int C, int K> struct ClusterExchange {
     const unsigned parity = (round >> 1) & 1;
     ++round;
     const unsigned bar = smem_addr(&sh.bar[b]);
-    if (threadIdx.x == 0)
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(C * K * 4) : "memory");
+    if (threadIdx.x == 0) mbarrier_expect_tx(bar, C * K * 4);
     if (threadIdx.x < C * K) {
       const unsigned peer = threadIdx.x / K, k = threadIdx.x % K;
       const unsigned me = cluster_rank();

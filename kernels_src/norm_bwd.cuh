@@ -708,17 +708,11 @@ template <class S> __device__ __forceinline__ void norm_bwd_dc(const nj::NormArg
   // mbarrier of the batch's buffer (two, alternating): a CTA waits only for
   // its own buffer to fill. A release / acquire cluster barrier a batch
   // compiled to MEMBAR.ALL.GPU and an L1 invalidation (see ClusterMax).
-  __shared__ unsigned long long bars[2];
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(nj::smem_addr(&bars[b])) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
   // Peers' stores may target this CTA's shared memory (and mbarriers) only
   // once it runs and has set them up: arrive now, wait before the first
   // store (the copies overlap it).
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  __shared__ unsigned long long bars[2];
+  nj::mbarriers_init(bars, 2);
   const unsigned rank = nj::cluster_rank();
   const int c0 = static_cast<int>(rank) * SL;
   const int grp = threadIdx.x / S::TPR;
@@ -792,8 +786,7 @@ template <class S> __device__ __forceinline__ void norm_bwd_dc(const nj::NormArg
     // CTA's sums of batch + 1, sent after this CTA last read the buffer.
     float* rb = recv + (batch & 1) * C * R * K;
     const unsigned bar = nj::smem_addr(&bars[batch & 1]);
-    if (threadIdx.x == 0)
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(C * rows * K * 4) : "memory");
+    if (threadIdx.x == 0) nj::mbarrier_expect_tx(bar, C * rows * K * 4);
     for (int m = warp; m < rows; m += T / 32) {
       const float mu = stats[2 * m + 1];
       float c[2] = {0.f, 0.f};
