@@ -23,7 +23,7 @@ old="${AB_OLD_KERNELS:-}"
 old_nj="${AB_OLD_BUILD_DIR:+$AB_OLD_BUILD_DIR/normjit}"
 [ -n "$old$old_nj" ] || { echo "set AB_OLD_KERNELS (old templates) or AB_OLD_BUILD_DIR (old build)" >&2; exit 2; }
 op="${AB_OP:-bwd}"
-[ $# -gt 0 ] || { echo "usage: AB_OLD_KERNELS=DIR $0 SHAPE..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: AB_OLD_KERNELS=DIR | AB_OLD_BUILD_DIR=DIR $0 SHAPE..." >&2; exit 2; }
 mkdir -p "$out"
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 args=()

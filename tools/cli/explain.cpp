@@ -1,6 +1,5 @@
 // normjit explain (where each shape's config comes from) and normjit compile (precompiles the kernels).
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 
@@ -9,6 +8,7 @@
 
 #include "config/config_grid.hpp"
 #include "compile/kernel_sources.hpp"
+#include "core/atomic_file.hpp"
 #include "compile/nvrtc.hpp"
 #include "compile/specialization.hpp"
 #include "core/shape_spec.hpp"
@@ -123,12 +123,10 @@ int cmd_compile_dump(const ShapeOptions& so, const std::string& config, const st
           compile_cubin(src, spec.name() + ".cu", kernel_sources(), nvrtc_options(), spec.kernel_name(), arch);
       const fs::path base = fs::path(dir) / spec.name();
       using File = std::pair<const char*, const std::string*>;
-      for (const auto& [ext, bytes] : {File{".cu", &src}, File{".cubin", &built.cubin}}) {
-        std::ofstream f(base.string() + ext, std::ios::binary);
-        f << *bytes;
-        if (!f)
-          throw Error(ErrorKind::InvalidArgument, fmt::format("--dump '{}': cannot write {}{}", dir, base.string(), ext));
-      }
+      for (const auto& [ext, bytes] : {File{".cu", &src}, File{".cubin", &built.cubin}})
+        if (auto why = write_file_atomically(base.string() + ext, *bytes))
+          throw Error(ErrorKind::InvalidArgument,
+                      fmt::format("--dump '{}': cannot write {}{}: {}", dir, base.string(), ext, *why));
       fmt::print("{} {} {}: {}.cu, {}.cubin ({} bytes, {})\n", op_label(op, d.norm), w.shape.name, cfg.str(),
                  base.string(), base.string(), built.cubin.size(), arch);
     }
