@@ -667,9 +667,17 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     // before group128 scales 81-93% -> 95-99%). Other quantized rows only
     // where their weight loads after the reduction: loaded with an
     // unguarded row, ptxas sank it past the sum of squares (a static
-    // scale's 1x4096, v8.t512.r1: 1.70 -> 1.84 us). Not staged rows, nor
-    // unquantized ones, whose tuned entries were measured with the guard.
-    constexpr bool UNGUARDED = ROW_AMAX || KEEP_U || (QUANT != nj::Q_NONE && !STAGED && !PREFETCH_WB);
+    // scale's 1x4096, v8.t512.r1: 1.70 -> 1.84 us). Unquantized rows of
+    // several chunks a thread, staged or not: behind the guard's branch a
+    // thread's chunks loaded one round trip after another, and a staged
+    // row's x only after its weight had arrived (H200, CUPTI, the same
+    // config: rms bf16 1x8192 v8.t512.r1 2.46 -> 1.90 us, 32x8192
+    // v4.t256.r1.s1 2.84 -> 2.26, 64x4096 v8.t256.r1 2.56 -> 1.99). Not rows
+    // of one chunk a thread: the guard's predicate holds their weight's load
+    // with x's; without it ptxas issued the weight after the reduction, a
+    // round trip more (rms fp32 8x2048, v4.t512.r1: 1.66 -> 1.98 us).
+    constexpr bool UNGUARDED =
+        ROW_AMAX || KEEP_U || (QUANT == nj::Q_NONE ? L::ITERS > 1 : !STAGED && !PREFETCH_WB);
     nj::Vec<w_t, S::VEC> wv[PREFETCH_WB ? L::ITERS : 1], bv[PREFETCH_WB ? L::ITERS : 1];
     // Peeled rows: the chunks wholly inside the row move as vectors, and the
     // elements of its partial first and last chunk (its edges) one per lane
@@ -724,7 +732,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
 #pragma unroll
       for (int i = 0; i < L::ITERS; ++i) {
         if constexpr (STAGED) {
-          if (valid && tc.in(i) && nj::whole_chunk<PEEL>(R, tc.col(i))) raw[i] = R.load_raw(tc.col(i), PEEL || EXACT);
+          if ((UNGUARDED || valid) && tc.in(i) && nj::whole_chunk<PEEL>(R, tc.col(i))) raw[i] = R.load_raw(tc.col(i), PEEL || EXACT);
         } else {
           const bool take = (UNGUARDED || valid) && tc.in(i) && nj::whole_chunk<PEEL>(R, tc.col(i));
           raw[i] = R.template load_raw<true>(tc.col(i), true, take);
@@ -743,7 +751,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
       if constexpr (RAW_SHIFT) first = R.first_raw();
 #pragma unroll
       for (int i = 0; i < L::ITERS; ++i) {
-        if ((LATE_RES ? UNGUARDED || valid : valid) && tc.in(i) && nj::whole_chunk<PEEL>(R, tc.col(i))) {
+        if ((UNGUARDED || valid) && tc.in(i) && nj::whole_chunk<PEEL>(R, tc.col(i))) {
           hv[i] = R.combine(raw[i]);
         } else {
 #pragma unroll
