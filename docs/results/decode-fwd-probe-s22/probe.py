@@ -6,31 +6,12 @@ sys.path.insert(0, os.path.join(os.getcwd(), "tools"))
 import torch, torch.nn.functional as F
 import compare
 here = os.path.dirname(os.path.abspath(__file__))
-cu = ctypes.CDLL("libcuda.so.1")
-torch.cuda.init(); torch.zeros(1, device="cuda")
-def chk(r, what):
-    if r != 0: raise RuntimeError(f"{what}: CUresult {r}")
+from cubin_probe import LL, P, NormArgs, QuantArgs, launch
+from cubin_probe import load as _load
 def load(path, name):
-    mod = ctypes.c_void_p(); fn = ctypes.c_void_p()
-    data = open(path, "rb").read()
-    chk(cu.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(data)), "load " + path)
-    chk(cu.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()), "get " + name)
-    return fn, data
-P = ctypes.c_void_p; LL = ctypes.c_longlong
-class NormArgs(ctypes.Structure):
-    _fields_ = [(n, P) for n in "x residual w b y residual_out mean rstd dy dresidual dx partial dw db".split()] + \
-               [(n, LL) for n in "M heads x_ld x_hs y_ld y_hs dy_ld dy_hs dx_ld dx_hs res_ld res_out_ld dres_ld".split()] + \
-               [("eps", ctypes.c_float), ("x_scale", P)]
-class QuantArgs(ctypes.Structure):
-    _fields_ = [("scale", P), ("amax", P), ("y_hp", P), ("y_t", P), ("scale_ld", LL), ("scale_ub", ctypes.c_float),
-                ("scale_min", ctypes.c_float), ("phase", ctypes.c_int)]
+    return _load(path, name), None
 class Big(ctypes.Structure):
     _fields_ = [("x", P), ("w", P), ("y", P), ("rstd", P), ("M", LL), ("pad", LL * 30), ("eps", ctypes.c_float)]
-def launch(fn, grid, block, params):
-    arr = (ctypes.c_void_p * len(params))(*[ctypes.cast(ctypes.pointer(p), ctypes.c_void_p) for p in params])
-    s = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-    chk(cu.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, s, arr, None), "launch")
-
 R = compare.Runner(["normjit"], False, "/tmp/probe-cache", 30, 5, 10)
 from normjit.torch import rms_norm as nj_rms, layer_norm as nj_ln
 kern = os.path.join(here, "kern.cubin")

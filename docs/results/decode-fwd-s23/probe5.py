@@ -1,30 +1,12 @@
 """normjit's decode forward cubins from four template variants (kA main, kU loads without the row guard,
 kB + one barrier, kW + the weight's loads pinned with the row's) against Liger and torch.compile.
 compare.py's timing (profiler kernel sums, L2 flushed, median of 30); every output checked."""
-import ctypes, glob, os, sys, statistics
+import glob, os, sys, statistics
 sys.path.insert(0, os.path.join(os.getcwd(), "tools"))
 import torch, torch.nn.functional as F
 import compare
 here = os.path.dirname(os.path.abspath(__file__))
-cu = ctypes.CDLL("libcuda.so.1")
-torch.cuda.init(); torch.zeros(1, device="cuda")
-def chk(r, what):
-    if r != 0: raise RuntimeError(f"{what}: CUresult {r}")
-def load(path):
-    mod = ctypes.c_void_p(); fn = ctypes.c_void_p(); data = open(path, "rb").read()
-    chk(cu.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(data)), "load " + path)
-    chk(cu.cuModuleGetFunction(ctypes.byref(fn), mod, b"normjit_norm_fwd"), "get"); return fn
-P = ctypes.c_void_p; LL = ctypes.c_longlong
-class NormArgs(ctypes.Structure):
-    _fields_ = [(n, P) for n in "x residual w b y residual_out mean rstd dy dresidual dx partial dw db".split()] + \
-               [(n, LL) for n in "M heads x_ld x_hs y_ld y_hs dy_ld dy_hs dx_ld dx_hs res_ld res_out_ld dres_ld".split()] + \
-               [("eps", ctypes.c_float), ("x_scale", P)]
-class QuantArgs(ctypes.Structure):
-    _fields_ = [("scale", P), ("amax", P), ("y_hp", P), ("y_t", P), ("scale_ld", LL), ("scale_ub", ctypes.c_float),
-                ("scale_min", ctypes.c_float), ("phase", ctypes.c_int)]
-def launch(fn, grid, block, params):
-    arr = (ctypes.c_void_p * len(params))(*[ctypes.cast(ctypes.pointer(p), ctypes.c_void_p) for p in params])
-    chk(cu.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), arr, None), "launch")
+from cubin_probe import NormArgs, QuantArgs, load, launch
 R = compare.Runner(["normjit", "liger"], False, "/tmp/probe-cache", 30, 5, 10)
 from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 cases = [(1, 8192, ["v8.t512.r1", "v8.t1024.r1"]), (32, 8192, ["v8.t512.r1", "v8.t1024.r1", "v4.t256.r1.s1"]),
