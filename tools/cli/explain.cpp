@@ -8,9 +8,9 @@
 
 #include "config/config_grid.hpp"
 #include "compile/kernel_sources.hpp"
-#include "core/atomic_file.hpp"
 #include "compile/nvrtc.hpp"
 #include "compile/specialization.hpp"
+#include "core/atomic_file.hpp"
 #include "core/shape_spec.hpp"
 #include "device/device_facts.hpp"
 #include "tuning/tuned_cache.hpp"
