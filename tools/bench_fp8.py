@@ -155,12 +155,13 @@ def main(argv=None) -> int:
             differ = (out_nj[0].view(torch.uint8) != out_ref[0].view(torch.uint8)).float().mean().item()
             comp(x, w, r, static)
             nbytes = traffic(variant, M, N)
-            copy = run.time_copy(nbytes)
-            # Current scaling: the copy of its bytes with x counted twice.
-            copy2 = run.time_copy(nbytes + 2 * M * N) if v.startswith("tensor+") or v == "tensor" else None
-            t_nj = run.kernel_us(nj)[0]
-            t_eager = run.kernel_us(lambda: ref(x, w, r, static))[0]
-            t_comp = run.kernel_us(lambda: comp(x, w, r, static))[0]
+            calls = {"normjit": (nj, None), "eager": (lambda: ref(x, w, r, static), None),
+                     "compile": (lambda: comp(x, w, r, static), None), "copy": (run.copy_call(nbytes), None)}
+            if v.startswith("tensor+") or v == "tensor":  # current scaling: the copy with x counted twice
+                calls["copy2"] = (run.copy_call(nbytes + 2 * M * N), None)
+            t = {k: us[0] for k, us in run.kernel_us_many(calls).items()}  # interleaved, as compare.py times
+            copy, copy2, t_nj, t_eager, t_comp = t["copy"], t.get("copy2"), t["normjit"], t["eager"], t["compile"]
+            del calls
             row = dict(gpu=gpu, shape=f"{M}x{N}", variant=variant, bytes=nbytes, copy_us=copy, normjit_us=t_nj,
                        gbps=nbytes / t_nj / 1e3, sol=copy / t_nj, sol_x_twice=copy2 / t_nj if copy2 else None,
                        eager_us=t_eager, compile_us=t_comp,

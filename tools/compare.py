@@ -8,7 +8,9 @@ Each repetition zeroes a buffer of twice the L2 size (the flush), then runs
 the call between two marker kernels (torch.cuda._sleep); only what lies
 between the markers on the GPU timeline counts, so the flush and any setup
 are left out. Reported: the median over --reps repetitions, after --warmup
-untimed calls. Backward: the forward runs once, untimed; the timed call is
+untimed calls. The repetitions of a shape's implementations and of its copy
+interleave (one of each in turn, the order rotated), so that the GPU's drift
+over a run falls on all of them alike. Backward: the forward runs once, untimed; the timed call is
 torch.autograd.grad(y, params, dy, retain_graph=True), with a fresh copy of
 dy each time (Liger writes dx over dy). A device copy (uint8 copy_, bytes/2
 each way) of the minimal traffic, timed the same way in the same run, gives
@@ -270,6 +272,26 @@ def split_calls(events, marker: str = MARKER, drop_enclosing: bool = False) -> l
 # ---------------------------------------------------------------- helpers
 
 
+def interleaved_order(names: list[str], reps: int) -> list[str]:
+    """The order in which kernel_us_many runs its calls: repetition r runs
+    every name once, the list rotated by r, so that each name follows each
+    other one equally often."""
+    return [names[(r + i) % len(names)] for r in range(reps) for i in range(len(names))]
+
+
+def calls_by_name(timed: list, order: list[str]) -> dict[str, list]:
+    """split_calls' timed calls, in timeline order, given back to the names
+    that ran them (order: interleaved_order's)."""
+    if len(timed) != len(order):
+        raise RuntimeError(f"the profile holds {len(timed)} marked calls, not {len(order)}")
+    out: dict[str, list] = {n: [] for n in dict.fromkeys(order)}
+    for call, who in zip(timed, order):
+        out[who].append(call)
+    return out
+
+
+
+
 def write_json(path: Path, doc: dict) -> None:
     """Atomic write, so a run cut short leaves the previous shape's complete file."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -504,13 +526,27 @@ class Runner:
     def kernel_us(self, call, setup=None) -> tuple[float, float, float, list[str]]:
         """(median, min, max) over reps of the summed GPU time of what call(*setup())
         launches, L2 flushed before each call, and the activities of one call."""
+        return self.kernel_us_many({"": (call, setup)})[""]
+
+    def kernel_us_many(self, calls: dict) -> dict:
+        """kernel_us of several calls (name -> (call, setup or None)) whose
+        repetitions interleave: repetition r runs every call once, the order
+        rotated by r. The GPU's state drifts over a run (clocks, DRAM, what the
+        L2 holds); decode rows of about 2 us moved by up to 0.4 us between runs
+        timed one implementation after another, so every implementation of a
+        row, and its copy, are timed across the same stretch of the run."""
         torch = self.torch
-        for _ in range(self.warmup):
-            call(*(setup() if setup else ()))
+        names = list(calls)
+        for n in names:
+            call, setup = calls[n]
+            for _ in range(self.warmup):
+                call(*(setup() if setup else ()))
         torch.cuda.synchronize()
+        order = interleaved_order(names, self.reps)
         acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=acts) as prof:
-            for _ in range(self.reps):
+            for n in order:
+                call, setup = calls[n]
                 args = setup() if setup else ()
                 self.flush_buf.zero_()
                 torch.cuda._sleep(MARKER_CYCLES)
@@ -518,16 +554,16 @@ class Runner:
                 torch.cuda._sleep(MARKER_CYCLES)
                 del out, args
         events, flagged = device_activities(prof.events())
-        calls = split_calls(events, drop_enclosing=not flagged)
-        if len(calls) != self.reps:
-            raise RuntimeError(f"the profile holds {len(calls)} marked calls, not {self.reps} "
-                               f"({len(events)} GPU activities)")
-        if not all(names for _, names in calls):
+        timed = split_calls(events, drop_enclosing=not flagged)
+        if not all(names_ for _, names_ in timed):
             raise RuntimeError("no GPU activity between the markers of a call")
-        times = [c[0] for c in calls]
-        names = calls[0][1]  # one call's activities, shortened: for reading, not parsing
-        return statistics.median(times), min(times), max(times), [n[:80] for n in names[:8]] + \
-            ([f"... {len(names) - 8} more"] if len(names) > 8 else [])
+        out = {}
+        for n, mine in calls_by_name(timed, order).items():
+            times = [c[0] for c in mine]
+            kernels = mine[0][1]  # one call's activities, shortened: for reading, not parsing
+            out[n] = (statistics.median(times), min(times), max(times), [k[:80] for k in kernels[:8]] +
+                      ([f"... {len(kernels) - 8} more"] if len(kernels) > 8 else []))
+        return out
 
     def host_us(self, call, calls: int) -> float:
         torch = self.torch
@@ -545,11 +581,15 @@ class Runner:
             return self.host_calls
         return max(10, min(self.host_calls, int(5e5 / est_us)))
 
-    def time_copy(self, nbytes: int) -> float:
+    def copy_call(self, nbytes: int):
+        """A device copy moving nbytes in all (half read, half written): SOL's reference."""
         half = max(1, nbytes // 2)
         src = self.torch.empty(half, dtype=self.torch.uint8, device=self.dev).fill_(7)
         dst = self.torch.empty_like(src)
-        return self.kernel_us(lambda: dst.copy_(src))[0]
+        return lambda: dst.copy_(src)
+
+    def time_copy(self, nbytes: int) -> float:
+        return self.kernel_us(self.copy_call(nbytes))[0]
 
     def probe(self) -> None:
         """Raises when the profiler-based timing does not work on this machine."""
@@ -557,27 +597,73 @@ class Runner:
         if not us > 0:
             raise RuntimeError(f"a 16 MiB device copy timed {us} us")
 
-    def time_impl(self, fwd, params, dy, entries: dict) -> None:
-        """Fills kernel and host times of both directions; a direction that raises
-        is recorded unavailable and the other one is kept."""
+    COPY = "(copy)"  # the key of a direction's same-byte copy among the timed calls
+
+    def time_all(self, built: dict, dy, rows: dict) -> None:
+        """Kernel times of the built implementations (name -> (forward, params,
+        entries)): per direction, every implementation's call and the copy of
+        its bytes interleaved (kernel_us_many); then host times, one
+        implementation at a time. A direction that raises is recorded
+        unavailable for that implementation, and the others are kept."""
         torch = self.torch
 
-        def bwd_kernels():
-            y = fwd()  # the forward runs here, outside the timed calls
-            return self.kernel_us(lambda g: torch.autograd.grad(y, params, g, retain_graph=True),
-                                  setup=lambda: (dy.clone(),))
+        def unavailable(e, exc):
+            e.update(status=report.UNAVAILABLE, reason="timing: " + short_error(exc), us=None)
 
-        dy_h = dy.clone()  # the host loop's dy (Liger writes dx over it)
-        for d, kernels, host in (("fwd", lambda: self.kernel_us(fwd), fwd),
-                                 ("bwd", bwd_kernels, lambda: torch.autograd.grad(fwd(), params, dy_h))):
-            e = entries[d]
+        def grad_call(y, params):
+            return lambda g: torch.autograd.grad(y, params, g, retain_graph=True)
+
+        for d in DIRECTIONS:
+            calls = {}
+            for name, (fwd, params, entries) in built.items():
+                try:
+                    # the backward's forward runs here, outside the timed calls
+                    call, setup = (fwd, None) if d == "fwd" else (grad_call(fwd(), params), lambda: (dy.clone(),))
+                    call(*(setup() if setup else ()))  # one that raises does so here, not among the others
+                    calls[name] = (call, setup)
+                except Exception as exc:  # noqa: BLE001
+                    unavailable(entries[d], exc)
+                    self.free()
             try:
-                e["us"], e["us_min"], e["us_max"], e["kernels"] = kernels()
-                e["host_calls"] = self._host_calls(e["us"] + ((entries["fwd"]["us"] or 0) if d == "bwd" else 0))
-                e["host_us"] = self.host_us(host, e["host_calls"])
+                calls[self.COPY] = (self.copy_call(rows[d]["bytes"]), None)
             except Exception as exc:  # noqa: BLE001
-                e.update(status=report.UNAVAILABLE, reason="timing: " + short_error(exc), us=None)
-                self.free()
+                rows[d]["copy_error"] = short_error(exc)
+            try:
+                times = self.kernel_us_many(calls)
+            except Exception:  # noqa: BLE001 - then one at a time, so that one failure costs only its own
+                times = {}
+                for n, (call, setup) in calls.items():
+                    try:
+                        times[n] = self.kernel_us(call, setup)
+                    except Exception as exc:  # noqa: BLE001
+                        times[n] = exc
+            for n, t in times.items():
+                if n == self.COPY:
+                    if isinstance(t, Exception):
+                        rows[d]["copy_error"] = short_error(t)
+                    else:
+                        rows[d]["copy_us"] = t[0]
+                        rows[d]["copy_gbps"] = gbps(rows[d]["bytes"], t[0])
+                elif isinstance(t, Exception):
+                    unavailable(built[n][2][d], t)
+                else:
+                    e = built[n][2][d]
+                    e["us"], e["us_min"], e["us_max"], e["kernels"] = t
+            del calls, times
+            self.free()
+
+        for name, (fwd, params, entries) in built.items():
+            dy_h = dy.clone()  # the host loop's dy (Liger writes dx over it)
+            for d, host in (("fwd", fwd), ("bwd", lambda: torch.autograd.grad(fwd(), params, dy_h))):
+                e = entries[d]
+                if e["us"] is None:
+                    continue
+                try:
+                    e["host_calls"] = self._host_calls(e["us"] + ((entries["fwd"]["us"] or 0) if d == "bwd" else 0))
+                    e["host_us"] = self.host_us(host, e["host_calls"])
+                except Exception as exc:  # noqa: BLE001
+                    unavailable(e, exc)
+                    self.free()
 
     def run_case(self, case: Case, seed: int) -> list[dict]:
         torch = self.torch
@@ -597,6 +683,7 @@ class Runner:
             ref, ref_error = None, "reference: " + short_error(exc)
         self.free()
 
+        built = {}  # timed together once every implementation is built and checked
         for name in self.impls:
             entries = {d: new_entry() for d in DIRECTIONS}
             for d in DIRECTIONS:
@@ -630,20 +717,16 @@ class Runner:
                 e["rel_err"] = {k: _finite_or_str(v) for k, v in part.items()}
                 e["correct"] = all(math.isfinite(v) and v <= tol for v in part.values())
                 e["status"] = report.OK if e["correct"] else report.FAILED_CHECK
-            self.time_impl(fwd, params, dy, entries)
+            built[name] = (fwd, params, entries)
             del fwd, params
-            self.free()
-        del ref, x, w, b, dy
+        del ref
+        self.time_all(built, dy, rows)
+        del built, x, w, b, dy
         torch._dynamo.reset()
         self.free()
 
         for d in DIRECTIONS:
             r = rows[d]
-            try:
-                r["copy_us"] = self.time_copy(r["bytes"])
-                r["copy_gbps"] = gbps(r["bytes"], r["copy_us"])
-            except Exception as exc:  # noqa: BLE001
-                r["copy_error"] = short_error(exc)
             for e in r["impls"].values():
                 e["gbps"] = gbps(r["bytes"], e["us"])
                 if e["us"] and r["copy_us"]:

@@ -181,6 +181,29 @@ def test_split_calls_odd_markers(compare):
     assert compare.split_calls([("k", 0.0, 1.0)]) == []  # no markers: no calls
 
 
+def test_interleaved_order_rotates(compare):
+    names = ["normjit", "liger", "(copy)"]
+    order = compare.interleaved_order(names, 3)
+    assert len(order) == 9
+    for r in range(3):  # each repetition runs every name once
+        assert sorted(order[3 * r:3 * r + 3]) == sorted(names)
+    for n in names:  # and each name takes every place once
+        assert sorted(order.index(n, 3 * r, 3 * r + 3) - 3 * r for r in range(3)) == [0, 1, 2]
+
+
+def test_calls_by_name_gives_each_call_back(compare):
+    names = ["a", "b"]
+    order = compare.interleaved_order(names, 2)  # a b, b a
+    calls = [[(n, float(10 * (i + 1)))] for i, n in enumerate(order)]
+    timed = compare.split_calls(fake_profile(calls))
+    got = compare.calls_by_name(timed, order)
+    assert [s for s, _ in got["a"]] == [10.0, 40.0]
+    assert [s for s, _ in got["b"]] == [20.0, 30.0]
+    assert got["b"][0][1] == ["b"]
+    with pytest.raises(RuntimeError):  # a profile that lost a call
+        compare.calls_by_name(timed[:-1], order)
+
+
 class FakeRange:
     def __init__(self, start, end):
         self.start, self.end = start, end
