@@ -777,13 +777,16 @@ TEST_CASE("config_model: quantized rows take CTAs of at most 512 threads, token 
         heuristic_config(Op::Forward, make_desc(32, 7168), normjit_test::test_facts()).str());
 }
 
-TEST_CASE("config_model: one-wave forward rows take no 1024-thread CTA outside a cluster") {
-  // Decode shapes whose model pick was a 1024-thread row before the rule
-  // (config_model.cpp, caps_wave_ctas), on the test device with clusters and
-  // without; clusters keep their 1024-thread slices.
+TEST_CASE("config_model: one-wave forward rows and rows without a residual take no 1024-thread CTA outside a cluster") {
+  // Decode shapes, and wider launches without a residual, whose model pick
+  // was a 1024-thread row before the rule (config_model.cpp,
+  // caps_cta_threads), on the test device with clusters and without;
+  // clusters keep their 1024-thread slices.
   for (int max_cluster : {16, 1}) {
     for (const char* spec : {"rms:bf16:32x8192", "rms:bf16:3x5456", "rms:bf16:64x7168", "rms:bf16:16x5120",
-                             "rms:fp16:25x6200", "ln:bf16:16x8192", "ln:fp32:2x3176", "rms:bf16:1x8192:res"}) {
+                             "rms:fp16:25x6200", "ln:bf16:16x8192", "ln:fp32:2x3176", "rms:bf16:1x8192:res",
+                             "rms:bf16:2048x20000", "rms:bf16:152x16800", "ln:fp16:2000x27775",
+                             "rms:bf16:4096x24576"}) {
       const NormDesc d = detail::parse_shape_spec(spec).desc;
       const LaunchConfig c = heuristic_config(Op::Forward, d, normjit_test::test_facts(max_cluster));
       CAPTURE(spec);
@@ -796,6 +799,12 @@ TEST_CASE("config_model: one-wave forward rows take no 1024-thread CTA outside a
                                              normjit_test::test_facts(16));
   CAPTURE(wide.str());
   CHECK((wide.row_split() > 1 && wide.threads() == 1024));
+  // Past one wave, rows after a fused residual add keep their 1024-thread
+  // CTAs (there they were fastest: rms fp16 1688x25856:res on the H200).
+  const LaunchConfig res = heuristic_config(Op::Forward, detail::parse_shape_spec("rms:fp16:1688x25856:res").desc,
+                                            normjit_test::test_facts(16));
+  CAPTURE(res.str());
+  CHECK((res.row_split() == 1 && res.threads() == 1024));
 }
 
 TEST_CASE("device_facts: an arch name's SM number and largest cluster") {

@@ -279,24 +279,33 @@ bool registers_hold_row(Op op, const std::vector<LaunchConfig>& grid) {
   return op == Op::Forward && std::any_of(grid.begin(), grid.end(), [](const LaunchConfig& c) { return !c.two_pass; });
 }
 
-// Forward rows of one CTA each, launched in one wave (decode), in CTAs of
-// fewer than 1024 threads where the grid has such a config: a 1024-thread
-// row's reduction waits on 32 warps, which the constants (fitted mostly on
-// streaming launches) do not price. On whole grids timed with the kernels of
-// 2026-11-28 the model's 1024-thread picks lost to 256-512-thread rows by up
-// to 28% (H200: rms bf16 64x7168 2.69 vs 2.43 us, ln fp32 2x3176 2.69 vs
-// 2.21, rms fp16 25x6200 2.50 vs 2.21); without them its geometric mean
-// over the fastest went 1.079 -> 1.064 on 40 drawn decode shapes (H200),
-// 1.058 -> 1.048 on 40 others (H100) and 1.097 -> 1.055 on 16 common decode
-// shapes (H200). Clusters keep theirs (a wide row's c16 slices of 1024
-// threads were fastest at rms fp32 4x121240 and 2x99512).
-bool caps_wave_ctas(Op op, const NormDesc& d, const std::vector<LaunchConfig>& grid) {
+// Forward rows of one CTA each in CTAs of fewer than 1024 threads where the
+// grid has such a config: launches of one wave (decode), and rows without a
+// fused residual at any M. A 1024-thread row's reduction waits on 32 warps,
+// and at one CTA an SM it leaves the SM idle around its barriers, neither of
+// which the constants (fitted mostly on streaming launches of every width)
+// price. On whole grids timed with the kernels of 2026-11-28 the model's
+// 1024-thread decode picks lost to 256-512-thread rows by up to 28% (H200:
+// rms bf16 64x7168 2.69 vs 2.43 us, ln fp32 2x3176 2.69 vs 2.21); without
+// them its geometric mean over the fastest went 1.079 -> 1.064 on 40 drawn
+// decode shapes (H200), 1.058 -> 1.048 on 40 others (H100), 1.097 -> 1.055
+// on 16 common decode shapes (H200). Past decode, over the recorded grids
+// of autotune_cache/model/ (no GPU: `normjit_fit_model --each`), 1024-thread
+// picks of rows without a residual lost by up to 32% (H200 rms bf16
+// 2048x20000 57.2 vs 43.5 us for 512 threads; rms bf16 152x16800 1.21 on
+// both GPUs, ln fp16 2000x27775 1.10); excluding them fixed 7 such rows and
+// cost one (H100 ln bf16 829x20912, 1.00 -> 1.095). Rows after a fused
+// residual add keep them past one wave: there 512-thread picks went both
+// ways (rms fp16 1688x25856:res 1.00 -> 1.12, rms fp32 169x10000:res 1.28
+// -> 1.05). Clusters keep their 1024-thread slices (a wide row's c16 slices
+// of 1024 threads were fastest at rms fp32 4x121240 and 2x99512).
+bool caps_cta_threads(Op op, const NormDesc& d, const std::vector<LaunchConfig>& grid) {
   return op == Op::Forward && d.M > 0 && std::any_of(grid.begin(), grid.end(), [](const LaunchConfig& c) {
            return c.row_split() == 1 && c.threads() < 1024;
          });
 }
-bool wave_cta_excluded(Op op, const NormDesc& d, const Variant& v, const LaunchConfig& c, const DeviceFacts& dev) {
-  return c.row_split() == 1 && c.threads() >= 1024 && one_wave(op, d, v, c, dev);
+bool cta_threads_excluded(Op op, const NormDesc& d, const Variant& v, const LaunchConfig& c, const DeviceFacts& dev) {
+  return c.row_split() == 1 && c.threads() >= 1024 && (!v.residual || one_wave(op, d, v, c, dev));
 }
 }  // namespace
 
@@ -305,13 +314,13 @@ std::size_t fastest_of(Op op, const NormDesc& d, const std::vector<LaunchConfig>
   const Variant v = make_variant(op, d);
   const QuantCaps caps = quant_caps(op, d, v, grid);
   const bool one_pass_only = registers_hold_row(op, grid);
-  const bool wave_cap = caps_wave_ctas(op, d, grid);
+  const bool cta_cap = caps_cta_threads(op, d, grid);
   // The grid is sorted simplest first: a later config must be faster to win.
   std::size_t best = 0;
   double best_t = std::numeric_limits<double>::infinity();
   for (std::size_t i = 0; i < grid.size(); ++i) {
     if (excluded(caps, d, grid[i]) || (one_pass_only && grid[i].two_pass) ||
-        (wave_cap && wave_cta_excluded(op, d, v, grid[i], dev)))
+        (cta_cap && cta_threads_excluded(op, d, v, grid[i], dev)))
       continue;
     const double t = predicted_ns(op, d, v, grid[i], dev, p);
     if (t < best_t * (1 - 1e-9)) {
