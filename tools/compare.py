@@ -814,7 +814,8 @@ def main(argv: list[str] | None = None) -> int:
         "reps": args.reps, "warmup": args.warmup, "host_calls": args.host_calls,
         "timing": (f"Kernel time: the summed GPU durations (kernels, memcpy, memset) of what one call launches, "
                    f"read with torch.profiler; L2 flushed (a {2 * runner.l2_bytes / 2**20:.0f} MiB buffer zeroed) "
-                   f"before each call; median of {args.reps} calls after {args.warmup} warm-up calls. Backward: "
+                   f"before each call; median of {args.reps} calls after {args.warmup} warm-up calls, the calls "
+                   "of a shape's implementations and of its copy interleaved (one of each in turn). Backward: "
                    "torch.autograd.grad(y, params, dy, retain_graph=True) alone, the forward run before and "
                    "untimed. SOL% = the time of a device copy (uint8 copy_) of the same bytes, timed the same "
                    "way in the same run / the time; GB/s of the minimal traffic."),
