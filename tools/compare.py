@@ -10,7 +10,8 @@ between the markers on the GPU timeline counts, so the flush and any setup
 are left out. Reported: the median over --reps repetitions, after --warmup
 untimed calls. The repetitions of a shape's implementations and of its copy
 interleave (one of each in turn, the order rotated), so that the GPU's drift
-over a run falls on all of them alike. Backward: the forward runs once, untimed; the timed call is
+over a run falls on all of them alike. Backward: the forward runs once,
+untimed; the timed call is
 torch.autograd.grad(y, params, dy, retain_graph=True), with a fresh copy of
 dy each time (Liger writes dx over dy). A device copy (uint8 copy_, bytes/2
 each way) of the minimal traffic, timed the same way in the same run, gives
@@ -290,8 +291,6 @@ def calls_by_name(timed: list, order: list[str]) -> dict[str, list]:
     return out
 
 
-
-
 def write_json(path: Path, doc: dict) -> None:
     """Atomic write, so a run cut short leaves the previous shape's complete file."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -532,7 +531,7 @@ class Runner:
         """kernel_us of several calls (name -> (call, setup or None)) whose
         repetitions interleave: repetition r runs every call once, the order
         rotated by r. The GPU's state drifts over a run (clocks, DRAM, what the
-        L2 holds); decode rows of about 2 us moved by up to 0.4 us between runs
+        L2 holds); decode rows of about 2 us moved by up to 0.5 us between runs
         timed one implementation after another, so every implementation of a
         row, and its copy, are timed across the same stretch of the run."""
         torch = self.torch

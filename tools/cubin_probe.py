@@ -44,3 +44,37 @@ def launch(fn: P, grid: int, block: int, params: list) -> None:
     arr = (P * len(params))(*[ctypes.cast(ctypes.pointer(p), P) for p in params])
     stream = P(torch.cuda.current_stream().cuda_stream)
     _check(_cu.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, arr, None), "cuLaunchKernel")
+
+
+def rms_args(x, w, y, rstd, eps: float = 1e-6) -> list:
+    """[NormArgs, QuantArgs] of an unquantized RMSNorm forward over contiguous
+    rows: x, y [M, N], w [N], rstd [M] fp32 (torch tensors on the GPU)."""
+    M, N = x.shape
+    a, q = NormArgs(), QuantArgs()
+    a.x, a.w, a.y, a.rstd = x.data_ptr(), w.data_ptr(), y.data_ptr(), rstd.data_ptr()
+    a.M, a.heads, a.x_ld, a.x_hs, a.y_ld, a.y_hs, a.eps = M, 1, N, N, N, N, eps
+    q.scale_min = 2.0 ** -126  # the engine's default (read only by quantized rows)
+    return [a, q]
+
+
+def rms_row(kdir: str, M: int, N: int, cfg: str, seed: int = 1):
+    """A random rms bf16 [M, N] row set and the cubin of `cfg` from `kdir`
+    (normjit compile --dump), launched once and checked against float64:
+    (x, w, y, rstd, args, fn, threads)."""
+    import glob
+    import os
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = (1 + 0.1 * torch.randn(N, device="cuda", generator=g)).to(torch.bfloat16)
+    y = torch.empty_like(x)
+    rstd = torch.empty(M, device="cuda")
+    args = rms_args(x, w, y, rstd)
+    fn = load(glob.glob(os.path.join(kdir, f"rms_fwd.x=bf16*N{N}.{cfg}.i32.cubin"))[0])
+    threads = int(cfg.split(".")[1][1:])
+    ref = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    y.fill_(float("nan"))
+    launch(fn, M, threads, args)
+    torch.cuda.synchronize()
+    assert ((y.double() - ref).abs() / (ref.abs() + 1e-3)).max().item() < 2 ** -7, (M, N, cfg)
+    return x, w, y, rstd, args, fn, threads

@@ -6,11 +6,11 @@ timed with gaps of 1e3, 1e5 and 1e6 sleep cycles after the flush, and after a
 flush that only reads (clean lines).  normjit's cubins (normjit compile --dump,
 launched by tools/cubin_probe.py), Liger and torch.compile; outputs checked.
 Usage (GPU machine): python3 gap_probe.py CUBIN_DIR"""
-import glob, os, statistics, sys
+import os, statistics, sys
 sys.path.insert(0, os.path.join(os.getcwd(), "tools"))
 import torch, torch.nn.functional as F
 import compare
-from cubin_probe import NormArgs, QuantArgs, load, launch
+from cubin_probe import launch, rms_row
 from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
 kdir = sys.argv[1]
@@ -43,19 +43,7 @@ cases = [(1, 4096, "v8.t256.r1"), (64, 4096, "v8.t256.r1"), (32, 8192, "v8.t512.
 res, compiled = {}, {}
 for rep in range(2):
     for M, N, cfg in cases:
-        g = torch.Generator(device="cuda").manual_seed(1)
-        x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, generator=g)
-        w = (1 + 0.1 * torch.randn(N, device="cuda", generator=g)).to(torch.bfloat16)
-        y = torch.empty_like(x); rstd = torch.empty(M, device="cuda")
-        ref = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
-        a, q = NormArgs(), QuantArgs()
-        a.x, a.w, a.y, a.rstd = x.data_ptr(), w.data_ptr(), y.data_ptr(), rstd.data_ptr()
-        a.M, a.heads, a.x_ld, a.x_hs, a.y_ld, a.y_hs, a.eps = M, 1, N, N, N, N, 1e-6
-        q.scale_min = 2.0 ** -126
-        fn = load(glob.glob(os.path.join(kdir, f"rms_fwd.x=bf16*N{N}.{cfg}.i32.cubin"))[0])
-        threads = int(cfg.split(".")[1][1:])
-        y.fill_(float("nan")); launch(fn, M, threads, [a, q]); torch.cuda.synchronize()
-        assert ((y.double() - ref).abs() / (ref.abs() + 1e-3)).max().item() < 2 ** -7
+        x, w, y, rstd, (a, q), fn, threads = rms_row(kdir, M, N, cfg)
         xg, wg = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
         f = compiled.setdefault((M, N), torch.compile(lambda x, w: F.rms_norm(x, (N,), w, 1e-6), dynamic=False))
         impls = {"normjit " + cfg: lambda: launch(fn, M, threads, [a, q]),

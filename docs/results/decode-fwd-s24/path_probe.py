@@ -3,12 +3,12 @@ engine) and the dumped cubin (tools/cubin_probe.py), beside Liger (gemma
 casting, as compare.py calls it): timed interleaved (kernel_us_many) and one
 after another (kernel_us), compare.py's method otherwise. Two rounds.
 Usage (GPU machine): python3 path_probe.py CUBIN_DIR"""
-import glob, os, statistics, sys
+import glob, os, sys
 sys.path.insert(0, os.path.join(os.getcwd(), "tools"))
 import torch
 import compare
 import normjit.torch as njt
-from cubin_probe import NormArgs, QuantArgs, load, launch
+from cubin_probe import launch, load, rms_args
 from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
 kdir = sys.argv[1]
@@ -22,10 +22,7 @@ for rnd in range(2):
             x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
             w = (1 + 0.1 * torch.randn(N, device="cuda", generator=g)).to(torch.bfloat16).requires_grad_(True)
             y = torch.empty_like(x); rstd = torch.empty(M, device="cuda")
-            a, q = NormArgs(), QuantArgs()
-            a.x, a.w, a.y, a.rstd = x.data_ptr(), w.data_ptr(), y.data_ptr(), rstd.data_ptr()
-            a.M, a.heads, a.x_ld, a.x_hs, a.y_ld, a.y_hs, a.eps = M, 1, N, N, N, N, 1e-6
-            q.scale_min = 2.0 ** -126
+            a, q = rms_args(x, w, y, rstd)
             fn = load(glob.glob(os.path.join(kdir, f"rms_fwd.x=bf16*N{N}.{cfg}.i32.cubin"))[0])
             t = int(cfg.split(".")[1][1:])
             ref = njt.rms_norm(x, (N,), w, 1e-6).detach()
