@@ -433,7 +433,16 @@ TEST_CASE("nvrtc: a forward kernel is compiled to hold its min blocks an SM, and
   CHECK(make_spec(Op::Forward, q, LaunchConfig::parse("v8.t512.r1")).min_blocks == 2);
   CHECK(make_spec(Op::Backward, make_desc(64, 4096), LaunchConfig::parse("v8.t512.r1")).min_blocks == 1);
 
-  for (const KernelSpec& s : {rms, lf, wide}) {
+  // A cluster's slice of 64 bf16 elements a thread stays packed: three
+  // 256-thread CTAs an SM (80 registers), where a register an element
+  // allowed two; LayerNorm's and a residual row's are counted as before.
+  const KernelSpec slice = make_spec(Op::Forward, make_desc(256, 262144), LaunchConfig::parse("v8.t256.r1.c16"));
+  CHECK(slice.min_blocks == 3);
+  NormDesc with_res = make_desc(256, 262144);
+  with_res.residual = true;
+  CHECK(make_spec(Op::Forward, with_res, LaunchConfig::parse("v8.t256.r1.c16")).min_blocks == 2);
+
+  for (const KernelSpec& s : {rms, lf, wide, slice}) {
     CAPTURE(s.name());
     const std::string cubin = compile_spec(s, "sm_90", "").cubin;
     const CubinResources r = cubin_resources(cubin);

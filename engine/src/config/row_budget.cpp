@@ -27,10 +27,19 @@ int row_register_base(const Variant& v, const LaunchConfig& c, int N, bool peel)
   const int fp32_sum = v.residual && dtype_size(v.h) == 4 ? 8 : 0;  // a residual summed in fp32
   if (c.two_pass) return 32 + (ln ? 8 : 0) + fp32_sum;
   const int elems = forward_iters(c, N, peel) * c.vec;
+  // A cluster's slice of a 16-bit row without a residual stays packed, two
+  // elements a register, until the reduction: at 64 elements a thread
+  // (v8.t256 slices of N = 32768-262144 in clusters of 2-16) ptxas fit 80
+  // registers with no stack frame, three CTAs an SM (96 KB of loads in
+  // flight), where counting a register an element bounded them at two. (It
+  // spilled at 72 for a v8.t128 slice of 64, and at 128 for slices of 128
+  // elements: those keep a register an element.)
+  const bool packed = c.row_split() > 1 && !v.residual && dtype_size(v.h) == 2 && elems <= 64;
+  const int held = packed ? elems / 2 + 8 : elems;
   // LATE_RES rows: half a register an element more, plus 8 (ptxas,
   // unbounded, took 56-134 registers over 13 such kernels; rms bf16
   // 4096x2048 v8.t128.r1 spilled at 48, fp16 4096 v8.t64.r1 at 128).
-  return 24 + elems + (elems >= 16 ? 8 : 0) + (ln ? 4 : 0) + (c.row_split() > 1 ? 8 : 0) + (peel ? 16 : 0) + fp32_sum +
+  return 24 + held + (elems >= 16 ? 8 : 0) + (ln ? 4 : 0) + (c.row_split() > 1 ? 8 : 0) + (peel ? 16 : 0) + fp32_sum +
          (late_res_rows(v, c, N, peel) ? std::max(16, elems / 2 + 8) : 0);
 }
 
