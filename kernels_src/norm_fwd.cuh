@@ -923,8 +923,24 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         nj::row_reduce<S::TPR, S::ROWS>(sums, red);
       }
     };
+    // A cluster's slice of a 16-bit row without a residual is counted packed
+    // (row_budget.cpp): the fp32 copies a pass over the row widened must not
+    // live on to the next. An empty asm that may rewrite each packed word
+    // makes the next pass widen them again (one instruction an element).
+    auto repack = [&]() {
+      if constexpr (C > 1 && sizeof(h_t) == 2 && !S::RESIDUAL && S::VEC == 8 && L::ITERS * S::VEC >= 32 &&
+                    L::ITERS * S::VEC <= 64) {
+#pragma unroll
+        for (int i = 0; i < L::ITERS; ++i) {
+          unsigned* w = reinterpret_cast<unsigned*>(&hv[i]);
+#pragma unroll
+          for (int k = 0; k < S::VEC / 2; ++k) asm volatile("" : "+r"(w[k]));
+        }
+      }
+    };
     if constexpr (S::LAYERNORM) nj::row_reduce<S::TPR, S::ROWS>(s, red);
     else reduce(s);
+    if constexpr (S::LAYERNORM) repack();
     if constexpr (S::LAYERNORM) {
       // Exact two-step variance from the cached row: stable for any mean.
       // (Measured on an H200: faster than a one-round mean/M2 combine.) In a
@@ -982,6 +998,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
       s[0] = nj::warp_sum(v[0]);
       if constexpr (XA) ua = nj::warp_max(v[XK - 1]);
     }
+    repack();
     rstd = rsqrtf(s[0] * inv_n + a.eps);
     float row_amax = 0.f;
     // Token rows of up to 32 elements a thread keep the y they computed for

@@ -369,10 +369,11 @@ TEST_CASE("cli: tune --grid --list expands the shipped grid without a GPU") {
 TEST_CASE("cli: explain --device says where a config comes from, without a GPU") {
   Cli cli;
   // A shape of the grid: its own shipped entry, with the candidates' times
-  // (a forward one of the H100: the backward entries went with the kernels
-  // they were tuned for, when the backward's partial rows came to be stored
-  // in vectors, and the H200's forward ones with the whole-chunk rows).
-  auto r = cli("explain --device nvidia-h100-80gb-hbm3.cc90.132sm.50mib --op fwd --shape rms:bf16:256x111696");
+  // (a forward one of the H200, re-tuned for the packed cluster slices: the
+  // backward entries went with the kernels they were tuned for, when the
+  // backward's partial rows came to be stored in vectors, and the H100's
+  // cluster rows of 16-bit slices wait to be re-tuned).
+  auto r = cli("explain --device nvidia-h200.cc90.132sm.60mib --op fwd --shape rms:fp16:1024x58912");
   CAPTURE(r.output);
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.find("source:  shipped cache") != std::string::npos);

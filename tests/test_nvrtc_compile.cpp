@@ -433,16 +433,24 @@ TEST_CASE("nvrtc: a forward kernel is compiled to hold its min blocks an SM, and
   CHECK(make_spec(Op::Forward, q, LaunchConfig::parse("v8.t512.r1")).min_blocks == 2);
   CHECK(make_spec(Op::Backward, make_desc(64, 4096), LaunchConfig::parse("v8.t512.r1")).min_blocks == 1);
 
-  // A cluster's slice of 64 bf16 elements a thread stays packed: three
-  // 256-thread CTAs an SM (80 registers), where a register an element
-  // allowed two; LayerNorm's and a residual row's are counted as before.
+  // A cluster's slice of 64 bf16 elements a thread stays packed (the
+  // template widens it again after each pass): four 256-thread CTAs an SM
+  // (64 registers), where a register an element allowed two; LayerNorm's
+  // too; a residual row's is counted as before; a v4 slice of 52 elements
+  // keeps elems / 2 + 8.
   const KernelSpec slice = make_spec(Op::Forward, make_desc(256, 262144), LaunchConfig::parse("v8.t256.r1.c16"));
-  CHECK(slice.min_blocks == 3);
+  CHECK(slice.min_blocks == 4);
+  NormDesc ln_desc = make_desc(256, 262144);
+  ln_desc.norm = NormKind::LayerNorm;
+  ln_desc.has_bias = true;
+  const KernelSpec ln_slice = make_spec(Op::Forward, ln_desc, LaunchConfig::parse("v8.t256.r1.c16"));
+  CHECK(ln_slice.min_blocks == 4);
   NormDesc with_res = make_desc(256, 262144);
   with_res.residual = true;
   CHECK(make_spec(Op::Forward, with_res, LaunchConfig::parse("v8.t256.r1.c16")).min_blocks == 2);
+  CHECK(make_spec(Op::Forward, make_desc(512, 100000), LaunchConfig::parse("v4.t256.r1.c8")).min_blocks == 3);
 
-  for (const KernelSpec& s : {rms, lf, wide, slice}) {
+  for (const KernelSpec& s : {rms, lf, wide, slice, ln_slice}) {
     CAPTURE(s.name());
     const std::string cubin = compile_spec(s, "sm_90", "").cubin;
     const CubinResources r = cubin_resources(cubin);

@@ -28,14 +28,18 @@ int row_register_base(const Variant& v, const LaunchConfig& c, int N, bool peel)
   if (c.two_pass) return 32 + (ln ? 8 : 0) + fp32_sum;
   const int elems = forward_iters(c, N, peel) * c.vec;
   // A cluster's slice of a 16-bit row without a residual stays packed, two
-  // elements a register, until the reduction: at 64 elements a thread
-  // (v8.t256 slices of N = 32768-262144 in clusters of 2-16) ptxas fit 80
-  // registers with no stack frame, three CTAs an SM (96 KB of loads in
-  // flight), where counting a register an element bounded them at two. (It
-  // spilled at 72 for a v8.t128 slice of 64, and at 128 for slices of 128
-  // elements: those keep a register an element.)
+  // elements a register: norm_fwd.cuh widens it again for each pass over
+  // the row (repack) rather than keep the fp32 copies. v8 slices of 32-64
+  // elements a thread (v8.t256 at N = 32768-262144 in clusters of 2-16)
+  // then fit 64 registers with no stack frame (LayerNorm 63-64), four CTAs
+  // an SM: 128 KB of loads in flight (H200: 1.03-1.14x over three CTAs,
+  // rms bf16 4096x65536 90.6% -> 95.3% of the copy). Left alone by the
+  // template, ptxas kept the fp32 copies (80 registers, three CTAs; at 64 a
+  // 64-byte stack). Other slices: elems / 2 + 8 (at elems / 2 - 8, slices
+  // of 8-16 elements spilled). It spilled at 72 for a v8.t128 slice of 64,
+  // and at 128 for slices of 128 elements: those keep a register an element.
   const bool packed = c.row_split() > 1 && !v.residual && dtype_size(v.h) == 2 && elems <= 64;
-  const int held = packed ? elems / 2 + 8 : elems;
+  const int held = !packed ? elems : c.vec == 8 && elems >= 32 ? elems / 2 - (ln ? 12 : 8) : elems / 2 + 8;
   // LATE_RES rows: half a register an element more, plus 8 (ptxas,
   // unbounded, took 56-134 registers over 13 such kernels; rms bf16
   // 4096x2048 v8.t128.r1 spilled at 48, fp16 4096 v8.t64.r1 at 128).
