@@ -131,6 +131,14 @@ template <int BYTES> __device__ __forceinline__ void cp_async(void* smem, const 
   else
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(s), "l"(gmem), "n"(BYTES) : "memory");
 }
+// A whole vector of 4 bytes or more, 16 at a time.
+template <class V> __device__ __forceinline__ void cp_async_vec(V* smem, const V* gmem) {
+  constexpr int B = sizeof(V) < 16 ? sizeof(V) : 16;
+  static_assert(B >= 4 && sizeof(V) % B == 0, "cp.async moves 4, 8 or 16 bytes");
+#pragma unroll
+  for (int o = 0; o < static_cast<int>(sizeof(V)); o += B)
+    cp_async<B>(reinterpret_cast<char*>(smem) + o, reinterpret_cast<const char*>(gmem) + o);
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still in flight.
 template <int N> __device__ __forceinline__ void cp_async_wait() {

@@ -576,6 +576,24 @@ TEST_CASE("config_grid: clusters split wide rows and decode rows, only where the
   CHECK(b.grid == 240);
   CHECK(launch_geometry(Op::Backward, wide, c8, 132, 2, 0).programs == 33);
   CHECK(launch_geometry(Op::Backward, make_desc(3, 65536), c8, 132, 2, 30).programs == 3);
+  // Cluster rows that keep their weight in shared memory (16 CTAs, 32
+  // elements a thread: 64 bytes of weight) are persistent too; those that
+  // load it with the row (16 elements: 32 bytes), smaller clusters and
+  // quantized ones are not.
+  const LaunchConfig c8w = LaunchConfig::parse("v8.t128.r1.c16");
+  CHECK(weight_smem_bytes(make_variant(Op::Forward, wide), c8w, 65536, false) == 128 * 64);
+  CHECK(weight_smem_bytes(make_variant(Op::Forward, wide), LaunchConfig::parse("v8.t256.r1.c16"), 65536, false) == 0);
+  CHECK(weight_smem_bytes(make_variant(Op::Forward, wide), LaunchConfig::parse("v8.t256.r1.c8"), 65536, false) == 0);
+  const Geometry p = launch_geometry(Op::Forward, wide, c8w, 132, 8, 60);
+  CHECK(p.programs == 60);
+  CHECK(p.grid == 960);
+  CHECK(launch_geometry(Op::Forward, wide, c8w, 132, 8, 0).programs == 66);
+  CHECK(launch_geometry(Op::Forward, make_desc(7, 65536), c8w, 132, 4, 60).programs == 7);
+  NormDesc q = wide;
+  q.quant = QuantScaling::Group;
+  q.quant_group = 128;
+  q.y_dtype = DType::E4M3;
+  CHECK(weight_smem_bytes(make_variant(Op::Forward, q), c8w, 65536, false) == 0);
 }
 
 TEST_CASE("config_grid: a grid of one cluster (dw_cluster) for decode backward rows with dweight or dbias") {

@@ -438,8 +438,15 @@ TEST_CASE("nvrtc: a forward kernel is compiled to hold its min blocks an SM, and
   // (64 registers), where a register an element allowed two; LayerNorm's
   // too; a residual row's is counted as before; a v4 slice of 52 elements
   // keeps elems / 2 + 8.
-  const KernelSpec slice = make_spec(Op::Forward, make_desc(256, 262144), LaunchConfig::parse("v8.t256.r1.c16"));
+  const KernelSpec slice = make_spec(Op::Forward, make_desc(256, 131072), LaunchConfig::parse("v8.t256.r1.c8"));
   CHECK(slice.min_blocks == 4);
+  // In clusters of 16, persistent with the weight in shared memory: the
+  // loop's registers cost a CTA.
+  const KernelSpec persistent = make_spec(Op::Forward, make_desc(256, 262144), LaunchConfig::parse("v8.t256.r1.c16"));
+  CHECK(persistent.dynamic_smem() == 256 * 64 * 2);  // 64 bf16 elements a thread
+  CHECK(persistent.min_blocks == 3);
+  CHECK(persistent.source().find("WB_SMEM = true") != std::string::npos);
+  CHECK(slice.source().find("WB_SMEM") == std::string::npos);
   NormDesc ln_desc = make_desc(256, 262144);
   ln_desc.norm = NormKind::LayerNorm;
   ln_desc.has_bias = true;
@@ -450,7 +457,7 @@ TEST_CASE("nvrtc: a forward kernel is compiled to hold its min blocks an SM, and
   CHECK(make_spec(Op::Forward, with_res, LaunchConfig::parse("v8.t256.r1.c16")).min_blocks == 2);
   CHECK(make_spec(Op::Forward, make_desc(512, 100000), LaunchConfig::parse("v4.t256.r1.c8")).min_blocks == 3);
 
-  for (const KernelSpec& s : {rms, lf, wide, slice, ln_slice}) {
+  for (const KernelSpec& s : {rms, lf, wide, slice, ln_slice, persistent}) {
     CAPTURE(s.name());
     const std::string cubin = compile_spec(s, "sm_90", "").cubin;
     const CubinResources r = cubin_resources(cubin);

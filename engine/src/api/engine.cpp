@@ -278,7 +278,7 @@ std::shared_ptr<const Plan> Engine::Impl::forward_plan(const NormDesc& d, const 
     const Launch l = begin_plan(*p, op, d);
     p->config = staged_for_launch(op, d, fit_forward_alignment(l.cfg, d, u), l.facts);
     p->kernel = jit.get(make_spec(op, d, p->config), l.arch);
-    p->geometry = launch_geometry(op, d, p->config, l.sm_count, p->kernel->blocks_per_sm);
+    p->geometry = launch_geometry(op, d, p->config, l.sm_count, p->kernel->blocks_per_sm, p->kernel->max_clusters);
     p->resident = amax_grid(*p->kernel, p->geometry, l.sm_count);
     p->qt_cols = transpose_columns(d, l.sm_count);
     p->layout = row_layout(d, false);

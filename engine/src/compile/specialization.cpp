@@ -37,6 +37,7 @@ bool needs_index64(const NormDesc& d, std::int64_t ld, std::int64_t hs, std::int
 }  // namespace
 
 int KernelSpec::dynamic_smem() const {
+  if (kind == KernelKind::Forward) return weight_smem_bytes(v, cfg, N, peel);
   if (kind != KernelKind::Backward) return 0;
   // dw_cluster: its batches of rows (norm_bwd_dc), no stages.
   return static_cast<int>(cfg.dw_cluster ? dc_batch(v, N, cfg).bytes : backward_stage_bytes(v, N, cfg, dw_smem));
@@ -135,6 +136,8 @@ std::string KernelSpec::source() const {
                      w.batch);
   }
   if (keep_u) s += "  static constexpr bool KEEP_U = true;\n";
+  if (kind == KernelKind::Forward && weight_smem_bytes(v, cfg, N, peel) > 0)
+    s += "  static constexpr bool WB_SMEM = true;\n";
   if (cfg.dw_cluster)
     s += fmt::format("  static constexpr bool DW_CLUSTER = true;\n  static constexpr int DC_ROWS = {};\n",
                      dc_batch(v, N, cfg).rows);

@@ -408,7 +408,12 @@ Geometry launch_geometry(Op op, const NormDesc& d, const LaunchConfig& c, int sm
     g.grid = static_cast<unsigned>(cl);
     return g;
   }
-  if (op == Op::Backward) {
+  // Cluster rows that keep their weight in shared memory (weight_smem_bytes)
+  // stride over the rows from a resident grid.
+  const bool persistent = op == Op::Backward || (cl > 1 && weight_smem_bytes(make_variant(op, d), c,
+                                                                              static_cast<int>(d.N),
+                                                                              peeled(op, d, c.vec)) > 0);
+  if (persistent) {
     const int per_sm = c.programs_per_sm ? std::min(c.programs_per_sm, blocks_per_sm) : blocks_per_sm;
     std::int64_t resident = static_cast<std::int64_t>(sm_count) * std::max(1, per_sm) / cl;
     if (cl > 1 && max_clusters > 0) resident = std::min<std::int64_t>(resident, max_clusters);

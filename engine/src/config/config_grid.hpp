@@ -141,12 +141,14 @@ struct Geometry {
   FinalizeGeometry finalize;     ///< backward with more than one program: the finalize launch
 };
 /// Grid and block of `op`. A program is a CTA, or a cluster of cfg.cluster
-/// CTAs. Forward: one program per ROWS_PER_PID rows. Backward: a persistent
-/// grid of min(programs needed, resident programs): sm_count * P CTAs, with
-/// P = cfg.programs_per_sm capped at blocks_per_sm (0: blocks_per_sm),
-/// divided by the cluster size, and at most `max_clusters` clusters (the
-/// driver's count of co-resident clusters; 0: unknown). dw_cluster: one
-/// cluster of cfg.cluster CTAs, one program.
+/// CTAs. Forward: one program per ROWS_PER_PID rows, except cluster rows
+/// that keep their weight in shared memory (weight_smem_bytes), persistent
+/// as the backward is. Backward: a persistent grid of min(programs needed,
+/// resident programs): sm_count * P CTAs, with P = cfg.programs_per_sm
+/// capped at blocks_per_sm (0: blocks_per_sm), divided by the cluster size,
+/// and at most `max_clusters` clusters (the driver's count of co-resident
+/// clusters; 0: unknown). dw_cluster: one cluster of cfg.cluster CTAs, one
+/// program.
 Geometry launch_geometry(Op op, const NormDesc& desc, const LaunchConfig& cfg, int sm_count,
                          int blocks_per_sm, int max_clusters = 0);
 

@@ -39,6 +39,8 @@ int row_register_base(const Variant& v, const LaunchConfig& c, int N, bool peel)
   // of 8-16 elements spilled). It spilled at 72 for a v8.t128 slice of 64,
   // and at 128 for slices of 128 elements: those keep a register an element.
   const bool packed = c.row_split() > 1 && !v.residual && dtype_size(v.h) == 2 && elems <= 64;
+  // (Slices whose last chunk not every thread holds spilled 24 bytes at 64
+  // registers, rms bf16 N = 100000, and still ran 1.05x as fast as at 80.)
   const int held = !packed ? elems : c.vec == 8 && elems >= 32 ? elems / 2 - (ln ? 12 : 8) : elems / 2 + 8;
   // LATE_RES rows: half a register an element more, plus 8 (ptxas,
   // unbounded, took 56-134 registers over 13 such kernels; rms bf16
@@ -139,9 +141,42 @@ WeightStaging weight_staging(const Variant& v, const LaunchConfig& c, int N, boo
   return s;
 }
 
-int forward_register_need(const Variant& v, const LaunchConfig& c, int N, bool peel) {
+namespace {
+// forward_register_need before the persistent rows' share.
+int held_register_need(const Variant& v, const LaunchConfig& c, int N, bool peel) {
   const int staged = c.stages && !c.two_pass ? staged_registers(v, weight_staging(v, c, N, peel).bytes) : 0;
   return row_register_need(v, c, N, peel) + staged;
+}
+// The persistent rows' loop (its row, stride and the exchange's round): at
+// the packed slices' 64 registers ptxas spilled 64 bytes.
+constexpr int kPersistentRegisters = 16;
+}  // namespace
+
+int weight_smem_bytes(const Variant& v, const LaunchConfig& c, int N, bool peel) {
+  const int chunk = c.vec * dtype_size(v.w);
+  const int per_chunk = chunk * ((v.has_w ? 1 : 0) + (v.has_b ? 1 : 0));
+  // RMSNorm rows of a 16-bit weight in clusters of 16: an SM's CTAs of
+  // smaller clusters more often share their slice of the weight, found in
+  // L1 (H200, persistent / not: c16 1.06-1.16x; c8 0.96-1.10x, c4
+  // 0.95-1.00x; fp32 c16 0.82x, LayerNorm c16 0.96x, both at a CTA an SM
+  // fewer).
+  // (Not measured, and left out: rows after a residual add.)
+  if (c.row_split() < 16 || v.norm != NormKind::RMSNorm || dtype_size(v.w) != 2 || v.residual ||
+      v.quant != QuantScaling::None ||
+      v.xgroup || c.two_pass || c.stages || peel || N % c.vec || per_chunk == 0 || chunk < 4)
+    return 0;
+  const int iters = forward_iters(c, N, peel);
+  if (iters * per_chunk <= kUnstagedWeightBytes) return 0;  // loaded with the row
+  const int bytes = iters * per_chunk * c.threads();
+  // Only where the SM still holds the CTAs its registers allow (1 KiB a CTA
+  // is the driver's, 2 KiB covers the CTA's static arrays).
+  const int ctas = ctas_for(c.threads(), held_register_need(v, c, N, peel) + kPersistentRegisters, false);
+  if (ctas * (bytes + 3072) > DeviceFacts{}.smem_per_sm) return 0;
+  return bytes;
+}
+
+int forward_register_need(const Variant& v, const LaunchConfig& c, int N, bool peel) {
+  return held_register_need(v, c, N, peel) + (weight_smem_bytes(v, c, N, peel) > 0 ? kPersistentRegisters : 0);
 }
 
 int forward_min_blocks(const Variant& v, const LaunchConfig& c, int N, bool peel) {

@@ -64,6 +64,18 @@ bool keeps_u_rows(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
 inline constexpr int kWeightStagingBytes = 128;
 WeightStaging weight_staging(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
 
+/// Shared memory (bytes) in which a CTA of an unquantized RMSNorm row of a
+/// 16-bit weight split over a cluster of 16 CTAs keeps its slice's weight
+/// (the prelude's WB_SMEM; 0: none). Such
+/// rows are persistent: a resident grid of clusters strides over the rows
+/// (launch_geometry), the weight and bias copied once a CTA (cp.async) and
+/// read from shared memory by every row's stores. Loaded a chunk at a time
+/// after each row's reduction (the slices of weight_staging's unstaged
+/// rows past kUnstagedWeightBytes), they were as much L2 traffic as the
+/// row's x. Not for staged, two-pass or peeled rows, FP8 x, chunks under 4
+/// bytes, nor where the bytes would cost the SM CTAs its registers allow.
+int weight_smem_bytes(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
+
 /// Registers a thread of the forward kernel of `v` under `cfg` needs to keep
 /// its row without spilling (N: the row's columns; peel: peeled rows), and
 /// from it the CTAs of cfg.threads() an SM can hold at once: the kernel is

@@ -32,7 +32,7 @@ nj::NormArgs row_layout(const NormDesc& d, bool backward) {
 }
 
 void launch_forward(const LoadedKernel& k, const NormDesc& d, const ForwardTensors& t, int sm_count, CUstream s) {
-  const Geometry g = launch_geometry(Op::Forward, d, k.spec().cfg, sm_count, k.blocks_per_sm);
+  const Geometry g = launch_geometry(Op::Forward, d, k.spec().cfg, sm_count, k.blocks_per_sm, k.max_clusters);
   launch_forward(k, d, row_layout(d, false), t, g, amax_grid(k, g, sm_count), transpose_columns(d, sm_count), s);
 }
 
