@@ -825,6 +825,27 @@ TEST_CASE("config_model: one-wave forward rows and rows without a residual take 
   CHECK((res.row_split() == 1 && res.threads() == 1024));
 }
 
+TEST_CASE("config_model: cluster rows whose weight L1 cannot keep pay its reads from L2; rows of clusters of 16 keep it in shared memory") {
+  // rms bf16 of 200000-262144 (a weight of 400-512 KB): the persistent
+  // clusters of 16 (weight_smem_bytes), measured 1.07-1.15x over the
+  // v8.t512.r1.c8 the model took before (H200, docs/results/wide-fwd-s25.md).
+  const DeviceFacts h200 = DeviceFacts::of(9, 0, 132, std::int64_t{60} << 20, 4814);
+  for (const char* spec : {"rms:bf16:256x262144", "rms:bf16:64x262144", "rms:bf16:300x200000", "rms:fp16:700x180000"}) {
+    const NormDesc d = detail::parse_shape_spec(spec).desc;
+    const LaunchConfig c = heuristic_config(Op::Forward, d, h200);
+    CAPTURE(spec);
+    CAPTURE(c.str());
+    CHECK(c.row_split() == 16);
+    CHECK(weight_smem_bytes(make_variant(Op::Forward, d), c, static_cast<int>(d.N), false) > 0);
+  }
+  // A weight of 128 KB stays in L1: nothing to pay, the pick as before.
+  CHECK(heuristic_config(Op::Forward, make_desc(4096, 65536), h200).str() == "v8.t256.r1.c4");
+  // The L1 beside shared memory, by architecture.
+  CHECK(DeviceFacts::of(9, 0, 132, 0, 0).l1_smem_per_sm == 262144);
+  CHECK(DeviceFacts::of(8, 0, 108, 0, 0).l1_smem_per_sm == 196608);
+  CHECK(DeviceFacts::of(8, 9, 128, 0, 0).l1_smem_per_sm == 131072);
+}
+
 TEST_CASE("device_facts: an arch name's SM number and largest cluster") {
   CHECK(sm_of_arch("sm_90") == 90);
   CHECK(sm_of_arch("sm_90a") == 90);

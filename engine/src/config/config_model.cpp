@@ -36,6 +36,9 @@ enum : int {
   kDcStep,    // bwd: a dw_cluster CTA's time per KiB of its rows moved (loaded, summed, written)
 };
 
+// A forward CTA's static shared memory, about (reduction and exchange arrays).
+constexpr std::int64_t kStaticSmemBytes = 2048;
+
 // Programs (CTAs) one SM holds at once: threads, registers (allocated per
 // warp in units of 8 per thread) and shared memory.
 int resident_ctas(const DeviceFacts& dev, int threads, double regs, std::int64_t smem) {
@@ -154,7 +157,18 @@ double forward_ns(const NormDesc& d, const Variant& v, const LaunchConfig& c, co
   if (c.two_pass)  // the row streams through twice, 4 chunks in flight at a time; the second pass hits L2
     t1 = p[kL0] * std::ceil(T.k / 4) * (1 + p[kTwoPass]) + T.red + 2 * T.lk * T.k * nin + T.rows_cost;
   const double conc = std::min(ctas, slots);
-  const double sm_bytes = c.two_pass ? static_cast<double>(c.rows_per_pid) * T.slice * (2 * read + write) : bytes;
+  double sm_bytes = c.two_pass ? static_cast<double>(c.rows_per_pid) * T.slice * (2 * read + write) : bytes;
+  // A cluster row reads its CTA's weight (and bias) slice again with every
+  // row, unless it keeps it in shared memory (weight_smem_bytes). An SM's
+  // CTAs take the slices in turn; where the whole weight does not stay in
+  // L1 beside their shared memory, the reads come from L2 and count among
+  // the bytes the SM moves, as a two-pass row's second read does. (Without
+  // a weight rms bf16 256x262144 ran at 102% of the copy, with it 84%.)
+  const int wb = (v.has_w ? 1 : 0) + (v.has_b ? 1 : 0);
+  const double weight_bytes = static_cast<double>(d.N) * dtype_size(v.w) * wb;
+  if (T.cl > 1 && !c.two_pass && wb > 0 && weight_smem_bytes(v, c, static_cast<int>(d.N), peeled(Op::Forward, d, c.vec)) == 0 &&
+      weight_bytes > static_cast<double>(dev.l1_smem_per_sm - r * kStaticSmemBytes))
+    sm_bytes += static_cast<double>(c.rows_per_pid) * T.slice * dtype_size(v.w) * wb;
   const double round = T.round_ns(t1, conc, bytes, sm_bytes, std::min<double>(T.sms, conc), true);
   const double t = rounds_of(ctas, slots, p[kTail]) * round + p[kCta] * std::ceil(ctas / T.sms);
   // Tensor (current) scaling runs in one launch only where one cluster holds

@@ -28,6 +28,9 @@ struct DeviceFacts {
   int max_blocks_per_sm = 32;
   int regs_per_sm = 65536;
   std::int64_t smem_per_sm = 233472;  ///< shared memory of an SM (bytes)
+  /// An SM's unified L1 data cache and shared memory (bytes): what L1 keeps
+  /// beside the shared memory in use.
+  std::int64_t l1_smem_per_sm = 262144;
   std::int64_t l2_bytes = 0;
   double memory_gbps = 0;  ///< DRAM bandwidth: 2 * memory clock * bus width (GB/s = bytes/ns)
   double sm_clock_ghz = 1.8;  ///< SM clock (the driver's; 1.8 where unknown)
