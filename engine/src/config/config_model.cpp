@@ -36,16 +36,13 @@ enum : int {
   kDcStep,    // bwd: a dw_cluster CTA's time per KiB of its rows moved (loaded, summed, written)
 };
 
-// A forward CTA's static shared memory, about (reduction and exchange arrays).
-constexpr std::int64_t kStaticSmemBytes = 2048;
-
 // Programs (CTAs) one SM holds at once: threads, registers (allocated per
 // warp in units of 8 per thread) and shared memory.
 int resident_ctas(const DeviceFacts& dev, int threads, double regs, std::int64_t smem) {
   const int r_alloc = static_cast<int>(std::ceil(std::max(24.0, regs) / 8) * 8);
   int r = std::min(dev.max_blocks_per_sm, dev.max_threads_per_sm / threads);
   r = std::min(r, std::max(1, dev.regs_per_sm / (threads * r_alloc)));
-  if (smem > 0) r = std::min<std::int64_t>(r, std::max<std::int64_t>(1, dev.smem_per_sm / (smem + 1024)));
+  if (smem > 0) r = std::min<std::int64_t>(r, std::max<std::int64_t>(1, dev.smem_per_sm / (smem + kDriverSmemPerCta)));
   return std::max(1, r);
 }
 
@@ -167,7 +164,7 @@ double forward_ns(const NormDesc& d, const Variant& v, const LaunchConfig& c, co
   const int wb = (v.has_w ? 1 : 0) + (v.has_b ? 1 : 0);
   const double weight_bytes = static_cast<double>(d.N) * dtype_size(v.w) * wb;
   if (T.cl > 1 && !c.two_pass && wb > 0 && weight_smem_bytes(v, c, static_cast<int>(d.N), peeled(Op::Forward, d, c.vec)) == 0 &&
-      weight_bytes > static_cast<double>(dev.l1_smem_per_sm - r * kStaticSmemBytes))
+      weight_bytes > static_cast<double>(dev.l1_smem_per_sm - r * kForwardStaticSmemBytes))
     sm_bytes += static_cast<double>(c.rows_per_pid) * T.slice * dtype_size(v.w) * wb;
   const double round = T.round_ns(t1, conc, bytes, sm_bytes, std::min<double>(T.sms, conc), true);
   const double t = rounds_of(ctas, slots, p[kTail]) * round + p[kCta] * std::ceil(ctas / T.sms);

@@ -168,10 +168,9 @@ int weight_smem_bytes(const Variant& v, const LaunchConfig& c, int N, bool peel)
   const int iters = forward_iters(c, N, peel);
   if (iters * per_chunk <= kUnstagedWeightBytes) return 0;  // loaded with the row
   const int bytes = iters * per_chunk * c.threads();
-  // Only where the SM still holds the CTAs its registers allow (1 KiB a CTA
-  // is the driver's, 2 KiB covers the CTA's static arrays).
+  // Only where the SM still holds the CTAs its registers allow.
   const int ctas = ctas_for(c.threads(), held_register_need(v, c, N, peel) + kPersistentRegisters, false);
-  if (ctas * (bytes + 3072) > DeviceFacts{}.smem_per_sm) return 0;
+  if (ctas * (bytes + kForwardStaticSmemBytes + kDriverSmemPerCta) > DeviceFacts{}.smem_per_sm) return 0;
   return bytes;
 }
 

@@ -75,6 +75,10 @@ WeightStaging weight_staging(const Variant& v, const LaunchConfig& cfg, int N, b
 /// row's x. Not for staged, two-pass or peeled rows, FP8 x, chunks under 4
 /// bytes, nor where the bytes would cost the SM CTAs its registers allow.
 int weight_smem_bytes(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
+/// A forward CTA's static shared memory, about (its reduction and cluster
+/// exchange arrays), and what the driver reserves for each CTA (bytes).
+inline constexpr int kForwardStaticSmemBytes = 2048;
+inline constexpr int kDriverSmemPerCta = 1024;
 
 /// Registers a thread of the forward kernel of `v` under `cfg` needs to keep
 /// its row without spilling (N: the row's columns; peel: peeled rows), and
