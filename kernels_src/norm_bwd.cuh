@@ -168,13 +168,23 @@ template <class S, bool IN_SMEM = S::DW_SMEM> struct DwShare {
         for (int k = 0; k < S::VEC; ++k) ab[i][k] = 0.f;
     }
   }
-  __device__ __forceinline__ float weight(int i, int k, int) const {
-    if constexpr (S::HAS_W) return wf[i][k];
-    else return 1.f;
+  // w' of chunk i (at column col; `in`: the chunk is part of the slice).
+  __device__ __forceinline__ void weights(int i, int, bool, float (&wk)[S::VEC]) const {
+#pragma unroll
+    for (int k = 0; k < S::VEC; ++k) {
+      if constexpr (S::HAS_W) wk[k] = wf[i][k];
+      else wk[k] = 1.f;
+    }
   }
-  __device__ __forceinline__ void add(int i, int k, int, float dw, float db) {
-    if constexpr (S::HAS_W) aw[i][k] += dw;
-    if constexpr (S::HAS_B) ab[i][k] += db;
+  // This row's dw and db terms of chunk i at column col (of a chunk in the
+  // slice; its columns past N are left out).
+  __device__ __forceinline__ void add(int i, int col, const float (&dw)[S::VEC], const float (&db)[S::VEC]) {
+#pragma unroll
+    for (int k = 0; k < S::VEC; ++k)
+      if (Layout<S>::EXACT || col + k < S::N) {
+        if constexpr (S::HAS_W) aw[i][k] += dw[k];
+        if constexpr (S::HAS_B) ab[i][k] += db[k];
+      }
   }
   __device__ __forceinline__ float total(int p, int i, int k, int) const {
     if constexpr (S::HAS_W) return p == 0 ? aw[i][k] : ab[i][k];
@@ -200,14 +210,37 @@ template <class S> struct DwShare<S, true> {
     }
     __syncthreads();  // the weight is read by other threads than its loader
   }
-  __device__ __forceinline__ float weight(int, int, int col) const {
-    if constexpr (S::HAS_W) return to_float(ws[col - c0]) + S::W_OFFSET;
-    else return 1.f;
+  // A chunk moves as vectors: element by element, the lanes' VEC-strided
+  // columns fell into the same banks (ncu, rms bf16 48x262144 v4.c16.s2: 46%
+  // of shared wavefronts excessive, half the stalls on a full MIO queue).
+  __device__ __forceinline__ void weights(int, int col, bool in, float (&wk)[S::VEC]) const {
+    if constexpr (S::HAS_W) {
+      Vec<typename S::w_t, S::VEC> v;
+      if (in) v = *reinterpret_cast<const Vec<typename S::w_t, S::VEC>*>(ws + col - c0);
+#pragma unroll
+      for (int k = 0; k < S::VEC; ++k) wk[k] = in ? to_float(v.v[k]) + S::W_OFFSET : 0.f;
+    } else {
+#pragma unroll
+      for (int k = 0; k < S::VEC; ++k) wk[k] = 1.f;
+    }
   }
-  // Each column belongs to one thread: no barrier between adds.
-  __device__ __forceinline__ void add(int, int, int col, float dw, float db) {
-    if constexpr (S::HAS_W) s[col - c0] += dw;
-    if constexpr (S::HAS_B) s[(S::HAS_W ? SL : 0) + col - c0] += db;
+  // Each column belongs to one thread: no barrier between adds. Staged rows
+  // are whole chunks (VEC divides N): a chunk is all in the row.
+  __device__ __forceinline__ void add(int, int col, const float (&dw)[S::VEC], const float (&db)[S::VEC]) {
+    if constexpr (S::HAS_W) add_to(s + col - c0, dw);
+    if constexpr (S::HAS_B) add_to(s + (S::HAS_W ? SL : 0) + col - c0, db);
+  }
+  // Float vectors of at most 16 bytes (one shared access a lane).
+  static constexpr int FV = S::VEC < 4 ? S::VEC : 4;
+  __device__ __forceinline__ static void add_to(float* p, const float (&t)[S::VEC]) {
+#pragma unroll
+    for (int q = 0; q < S::VEC; q += FV) {
+      auto& v = *reinterpret_cast<Vec<float, FV>*>(p + q);
+      Vec<float, FV> u = v;
+#pragma unroll
+      for (int k = 0; k < FV; ++k) u.v[k] += t[q + k];
+      v = u;
+    }
   }
   __device__ __forceinline__ float total(int p, int, int, int col) const { return s[p * SL + col - c0]; }
 };
@@ -251,10 +284,12 @@ __device__ __forceinline__ void bwd_row(const NormArgs& a, const BwdRow<S>& R, S
 #pragma unroll
   for (int i = 0; i < L::ITERS; ++i) {
     const int col = tc.col(i);
+    float wk[S::VEC];
+    share.weights(i, col, tc.in(i), wk);
 #pragma unroll
     for (int k = 0; k < S::VEC; ++k)
       if (L::EXACT || (tc.in(i) && col + k < S::N)) {
-        const float g = to_float(R.dy[i].v[k]) * share.weight(i, k, col + k);
+        const float g = to_float(R.dy[i].v[k]) * wk[k];
         c[0] += g * (R.xv(i, k) - R.mu);
         if constexpr (S::LAYERNORM) c[1] += g;
       }
@@ -271,15 +306,19 @@ __device__ __forceinline__ void bwd_row(const NormArgs& a, const BwdRow<S>& R, S
       Vec<typename S::ro_t, S::VEC> dr;
       if constexpr (S::DRES) dr = load_chunk<S::N, S::VEC>(drr, col, L::EXACT);
       Vec<typename S::dx_t, S::VEC> dxv;
+      float wk[S::VEC], dw[S::VEC], db[S::VEC];
+      share.weights(i, col, true, wk);
 #pragma unroll
       for (int k = 0; k < S::VEC; ++k) {
         const float xh = (R.xv(i, k) - R.mu) * R.r;
         const float d = to_float(R.dy[i].v[k]);
-        float v = R.r * (d * share.weight(i, k, col + k) - c1 - xh * c2);
+        float v = R.r * (d * wk[k] - c1 - xh * c2);
         if constexpr (S::DRES) v += to_float(dr.v[k]);
         dxv.v[k] = from_float<typename S::dx_t>(v);
-        if (L::EXACT || col + k < S::N) share.add(i, k, col + k, d * xh, d);
+        dw[k] = d * xh;
+        db[k] = d;
       }
+      share.add(i, col, dw, db);
       store_chunk<S::N, S::VEC>(dxr, col, dxv, L::EXACT);
     }
   }
