@@ -74,16 +74,19 @@ void check_forward(std::int64_t M, std::int64_t N, DtypeCombo c, Layout l) {
   check_forward(M, N, c, l, {l.offset, l.offset, l.offset});
 }
 
-void check_backward(std::int64_t M, std::int64_t N, DtypeCombo c, Layout l) {
+// Offsets: o.x for x, o.y for dy and dx, o.w for the weight and dweight.
+void check_backward(std::int64_t M, std::int64_t N, DtypeCombo c, Layout l, Offsets o) {
   const NormDesc d = make_desc(M, N, c, l);
   const std::uint64_t seed = fresh_seed();
   CAPTURE(d.str());
   CAPTURE(l.pad);
-  CAPTURE(l.offset);
+  CAPTURE(o.x);
+  CAPTURE(o.y);
+  CAPTURE(o.w);
   CAPTURE(seed);
   Random rng(seed);
-  Tensor x(c.x, M, d.x_ld(), N, l.offset), w(c.w, 1, N, N, l.offset), dy(c.y, M, d.dy_ld(), N, l.offset),
-      rstd(DType::F32, 1, M, M), dx(c.x, M, d.dx_ld(), N, l.offset), dw(c.w, 1, N, N, l.offset);
+  Tensor x(c.x, M, d.x_ld(), N, o.x), w(c.w, 1, N, N, o.w), dy(c.y, M, d.dy_ld(), N, o.y),
+      rstd(DType::F32, 1, M, M), dx(c.x, M, d.dx_ld(), N, o.y), dw(c.w, 1, N, N, o.w);
   x.fill_random(rng, -3.f, 3.f);
   w.fill_random(rng, -2.f, 2.f);
   dy.fill_random(rng, -1.f, 1.f);
@@ -121,6 +124,10 @@ void check_backward(std::int64_t M, std::int64_t N, DtypeCombo c, Layout l) {
   dw.download();
   CHECK(dx.host == dx1);
   CHECK(dw.host == dw1);
+}
+
+void check_backward(std::int64_t M, std::int64_t N, DtypeCombo c, Layout l) {
+  check_backward(M, N, c, l, {l.offset, l.offset, l.offset});
 }
 
 const std::int64_t kNs[] = {1, 7, 64, 127, 128, 1000, 4096, 5120, 7168, 12288, 16384, 65536, 262144};
@@ -211,7 +218,8 @@ GPU_TEST_CASE("strided and unaligned tensors" * doctest::test_suite("quick")) {
       }
 }
 
-GPU_TEST_CASE("peeled rows: x and y starting at any element of a vector, odd N" * doctest::test_suite("quick")) {
+GPU_TEST_CASE("peeled rows: x and y (dy and dx) starting at any element of a vector, odd N" *
+              doctest::test_suite("quick")) {
   // Odd N: row r starts r * N elements in, anywhere inside a vector. Rows of
   // x and y that start at the same element of a vector keep whole vectors
   // (peeled); where they differ, or the weight is misaligned, the engine
@@ -226,6 +234,9 @@ GPU_TEST_CASE("peeled rows: x and y starting at any element of a vector, odd N" 
                         {64, 12345, 3, 3, 1, bf16},  {300, 77, 5, 5, 0, f32},    {300, 77, 2, 2, 0, mixed},
                         {2, 100003, 7, 7, 0, bf16},  {4096, 4099, 0, 0, 0, bf16}};
   for (const Case& k : cases) check_forward(k.M, k.N, k.c, {}, {k.x_off, k.y_off, k.w_off});
+  // The backward does not peel: the same tensors (dy and dx at y_off) lower
+  // its vectors to what every row allows.
+  for (const Case& k : cases) check_backward(k.M, k.N, k.c, {}, {k.x_off, k.y_off, k.w_off});
 }
 
 GPU_TEST_CASE("64-bit offsets: row strides that leave the 32-bit range") {
