@@ -47,7 +47,17 @@ template <class S> constexpr int dc_rows_or0(long) { return 0; }
 __host__ __device__ constexpr int pad16(int bytes) { return (bytes + 15) / 16 * 16; }
 
 template <class S> constexpr int kPartials = (S::HAS_W ? 1 : 0) + (S::HAS_B ? 1 : 0);
-template <class S> using red_t = float[S::ROWS][kWarpsPerRow<S::TPR>][2];
+
+// w' = w + W_OFFSET of a weight element. A zero offset is skipped: w + 0.f
+// is an instruction (it turns -0 into +0), each element of each row where
+// the weight is read per row (shared memory, two-pass rows).
+template <class S, class T> __device__ __forceinline__ float w_prime(T w) {
+  if constexpr (S::W_OFFSET == 0.f) return to_float(w);
+  else return to_float(w) + S::W_OFFSET;
+}
+// The row sums a backward row reduces: sum g * xhat, and for LayerNorm sum g.
+template <class S> constexpr int kSums = S::LAYERNORM ? 2 : 1;
+template <class S> using red_t = float[S::ROWS][kWarpsPerRow<S::TPR>][kSums<S>];
 template <class S> using Layout = RowLayout<S::N, S::VEC, S::TPR, S::CLUSTER>;
 template <class S> using Cols = ThreadCols<S::N, S::VEC, S::TPR, S::CLUSTER>;
 
@@ -62,19 +72,63 @@ template <class S> __device__ __forceinline__ long long num_programs() {
   else return gridDim.x;
 }
 
-// Row sums of the backward (sum g * xhat, sum g): over the row's threads,
-// then, in a cluster, over its CTAs.
+// Sums of K values over the TPR threads of a row, as common.cuh's
+// row_reduce, except that a row of 8 warps or more adds its warps' sums
+// with shuffles: each lane reads one warp's sum, and the warp adds them in
+// a butterfly (fixed order: deterministic). row_reduce has every thread add
+// all of them: at 1024 threads 32 loads and adds per value and row, more
+// instructions than a thread's 16 elements took (ncu, rms bf16 48x262144:
+// 38 instructions an element; rms bf16 1024x131072, 16 warps: 339 -> 223
+// us on an H200).
+template <int TPR, int ROWS, int K>
+__device__ __forceinline__ void row_sum(float (&v)[K], float (*smem)[kWarpsPerRow<TPR>][K]) {
+#pragma unroll
+  for (int o = (TPR < 32 ? TPR : 32) / 2; o > 0; o >>= 1)
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
+  if constexpr (TPR > 32) {
+    constexpr int W = TPR / 32;
+    const int rg = threadIdx.x / TPR, w = (threadIdx.x % TPR) / 32, lane = threadIdx.x % 32;
+    if (lane == 0)
+#pragma unroll
+      for (int k = 0; k < K; ++k) smem[rg][w][k] = v[k];
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if constexpr (W >= 8) {
+        float t = lane < W ? smem[rg][lane < W ? lane : 0][k] : 0.f;
+#pragma unroll
+        for (int o = W / 2; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+        v[k] = __shfl_sync(0xffffffffu, t, 0);
+      } else {  // a few warps: their sums in one round of loads, no chain of shuffles (decode rows)
+        v[k] = 0.f;
+#pragma unroll
+        for (int i = 0; i < W; ++i) v[k] += smem[rg][i][k];
+      }
+    }
+    __syncthreads();  // smem is reused by the next call
+  }
+}
+
+// Row sums of the backward (sum g * xhat; LayerNorm: and sum g): over the
+// row's threads, then, in a cluster, over its CTAs.
 template <class S> struct RowSums {
-  using Exchange = ClusterExchange<S::CLUSTER, 2>;
+  using Exchange = ClusterExchange<S::CLUSTER, kSums<S>>;
   red_t<S>& red;  // shared
   Exchange xc;    // its buffers are shared
   __device__ __forceinline__ void reduce(float (&c)[2]) {
-    row_reduce<S::TPR, S::ROWS>(c, red);
+    constexpr int K = kSums<S>;
+    float v[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = c[k];
+    row_sum<S::TPR, S::ROWS, K>(v, red);
     if constexpr (S::CLUSTER > 1) {
-      xc.exchange(c);
-      c[0] = warp_sum(c[0]);
-      c[1] = warp_sum(c[1]);
+      xc.exchange(v);
+#pragma unroll
+      for (int k = 0; k < K; ++k) v[k] = warp_sum(v[k]);
     }
+#pragma unroll
+    for (int k = 0; k < K; ++k) c[k] = v[k];
   }
 };
 
@@ -218,7 +272,7 @@ template <class S> struct DwShare<S, true> {
       Vec<typename S::w_t, S::VEC> v;
       if (in) v = *reinterpret_cast<const Vec<typename S::w_t, S::VEC>*>(ws + col - c0);
 #pragma unroll
-      for (int k = 0; k < S::VEC; ++k) wk[k] = in ? to_float(v.v[k]) + S::W_OFFSET : 0.f;
+      for (int k = 0; k < S::VEC; ++k) wk[k] = in ? w_prime<S>(v.v[k]) : 0.f;
     } else {
 #pragma unroll
       for (int k = 0; k < S::VEC; ++k) wk[k] = 1.f;
@@ -567,7 +621,7 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
       const ro_t* drr = static_cast<const ro_t*>(a.dresidual) + (S::DRES ? (index_t)row * (index_t)a.dres_ld : 0);
       const float r = a.rstd[row], mu = S::LAYERNORM ? a.mean[row] : 0.f;
       auto wprime = [&](const nj::Vec<w_t, S::VEC>& wv, int k) {
-        if constexpr (S::HAS_W) return nj::to_float(wv.v[k]) + S::W_OFFSET;
+        if constexpr (S::HAS_W) return nj::w_prime<S>(wv.v[k]);
         else return 1.f;
       };
       auto x_scale = [&](int col) {  // FP8 x: the chunk's group scale
@@ -836,7 +890,7 @@ template <class S> __device__ __forceinline__ void norm_bwd_dc(const nj::NormArg
         if constexpr (S::HAS_W) wv = *reinterpret_cast<const nj::Vec<w_t, V>*>(ws + j * V);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          const float g = nj::to_float(dv.v[k]) * (S::HAS_W ? nj::to_float(wv.v[k]) + S::W_OFFSET : 1.f);
+          const float g = nj::to_float(dv.v[k]) * (S::HAS_W ? nj::w_prime<S>(wv.v[k]) : 1.f);
           c[0] += g * (nj::to_float(xv.v[k]) - mu);
           if constexpr (S::LAYERNORM) c[1] += g;
         }
