@@ -48,13 +48,6 @@ __host__ __device__ constexpr int pad16(int bytes) { return (bytes + 15) / 16 * 
 
 template <class S> constexpr int kPartials = (S::HAS_W ? 1 : 0) + (S::HAS_B ? 1 : 0);
 
-// w' = w + W_OFFSET of a weight element. A zero offset is skipped: w + 0.f
-// is an instruction (it turns -0 into +0), each element of each row where
-// the weight is read per row (shared memory, two-pass rows).
-template <class S, class T> __device__ __forceinline__ float w_prime(T w) {
-  if constexpr (S::W_OFFSET == 0.f) return to_float(w);
-  else return to_float(w) + S::W_OFFSET;
-}
 // The row sums a backward row reduces: sum g * xhat, and for LayerNorm sum g.
 template <class S> constexpr int kSums = S::LAYERNORM ? 2 : 1;
 template <class S> using red_t = float[S::ROWS][kWarpsPerRow<S::TPR>][kSums<S>];
@@ -72,44 +65,6 @@ template <class S> __device__ __forceinline__ long long num_programs() {
   else return gridDim.x;
 }
 
-// Sums of K values over the TPR threads of a row, as common.cuh's
-// row_reduce, except that a row of 8 warps or more adds its warps' sums
-// with shuffles: each lane reads one warp's sum, and the warp adds them in
-// a butterfly (fixed order: deterministic). row_reduce has every thread add
-// all of them: at 1024 threads 32 loads and adds per value and row, more
-// instructions than a thread's 16 elements took (ncu, rms bf16 48x262144:
-// 38 instructions an element; rms bf16 1024x131072, 16 warps: 339 -> 223
-// us on an H200).
-template <int TPR, int ROWS, int K>
-__device__ __forceinline__ void row_sum(float (&v)[K], float (*smem)[kWarpsPerRow<TPR>][K]) {
-#pragma unroll
-  for (int o = (TPR < 32 ? TPR : 32) / 2; o > 0; o >>= 1)
-#pragma unroll
-    for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
-  if constexpr (TPR > 32) {
-    constexpr int W = TPR / 32;
-    const int rg = threadIdx.x / TPR, w = (threadIdx.x % TPR) / 32, lane = threadIdx.x % 32;
-    if (lane == 0)
-#pragma unroll
-      for (int k = 0; k < K; ++k) smem[rg][w][k] = v[k];
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      if constexpr (W >= 8) {
-        float t = lane < W ? smem[rg][lane < W ? lane : 0][k] : 0.f;
-#pragma unroll
-        for (int o = W / 2; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-        v[k] = __shfl_sync(0xffffffffu, t, 0);
-      } else {  // a few warps: their sums in one round of loads, no chain of shuffles (decode rows)
-        v[k] = 0.f;
-#pragma unroll
-        for (int i = 0; i < W; ++i) v[k] += smem[rg][i][k];
-      }
-    }
-    __syncthreads();  // smem is reused by the next call
-  }
-}
-
 // Row sums of the backward (sum g * xhat; LayerNorm: and sum g): over the
 // row's threads, then, in a cluster, over its CTAs.
 template <class S> struct RowSums {
@@ -121,7 +76,7 @@ template <class S> struct RowSums {
     float v[K];
 #pragma unroll
     for (int k = 0; k < K; ++k) v[k] = c[k];
-    row_sum<S::TPR, S::ROWS, K>(v, red);
+    row_reduce<S::TPR, S::ROWS, K, 0, true>(v, red);
     if constexpr (S::CLUSTER > 1) {
       xc.exchange(v);
 #pragma unroll

@@ -410,11 +410,10 @@ template <class S> struct FwdRow {
   }
 
   // w' = w + W_OFFSET of element k of a chunk of the weight. Quantized rows
-  // skip a zero offset: w + 0.f is an instruction an element (it turns -0
-  // into +0); the other kernels keep the machine code their tuned entries
-  // were measured with.
+  // skip a zero offset (nj::w_prime); the other kernels keep the machine
+  // code their tuned entries were measured with.
   __device__ __forceinline__ float w_prime(const Vec<typename S::w_t, S::VEC>& wv, int k) const {
-    if constexpr (quant_of<S>() != Q_NONE && S::W_OFFSET == 0.f) return to_float(wv.v[k]);
+    if constexpr (quant_of<S>() != Q_NONE) return nj::w_prime<S>(wv.v[k]);
     else return to_float(wv.v[k]) + S::W_OFFSET;
   }
 
