@@ -162,9 +162,21 @@ TEST_CASE("nvrtc: peeled rows compile on every kernel path") {
   for (const auto& v : norm_variants(64, 100003, DType::BF16)) add(v.desc, "v8.t1024.r1.2p");
   add(make_desc(8192, 77, DType::F16), "v8.t16.r4");
   add(make_desc(8192, 77, DType::F32), "v4.t32.r1");
+  // A cluster's packed slices of 5 and 7 chunks a thread (the edges
+  // included): LayerNorm's four CTAs of 256 an SM at both, RMSNorm's at 5
+  // and three at 7; each unspilled (check_compiles_for_sm90).
+  for (const auto& [N, ln, blocks] : {std::tuple{98305, true, 4}, std::tuple{98305, false, 3},
+                                      std::tuple{65537, true, 4}, std::tuple{65537, false, 4}}) {
+    NormDesc d = make_desc(3000, N);
+    if (ln) d.norm = NormKind::LayerNorm, d.has_bias = true;
+    const KernelSpec k = make_spec(Op::Forward, d, LaunchConfig::parse("v8.t256.r1.c8"));
+    CHECK(k.peel);
+    CHECK(k.min_blocks == blocks);
+    if (seen.insert(k.name()).second) specs.push_back(k);
+  }
+  const std::size_t unquantized = specs.size();
   // Quantized y scaled by the row or the tensor: registers (q transposed by
   // the row kernel at decode, by its own launch past it) and two-pass.
-  const std::size_t unquantized = specs.size();
   for (auto [M, N, c] : {std::tuple{4096, 12345, "v8.t256.r1"}, std::tuple{3, 2881, "v8.t128.r1"},
                          std::tuple{2, 100003, "v8.t1024.r1.2p"}})
     for (const auto& v : fp8_variants(M, N, DType::BF16))

@@ -45,8 +45,18 @@ int row_register_base(const Variant& v, const LaunchConfig& c, int N, bool peel)
   // LATE_RES rows: half a register an element more, plus 8 (ptxas,
   // unbounded, took 56-134 registers over 13 such kernels; rms bf16
   // 4096x2048 v8.t128.r1 spilled at 48, fp16 4096 v8.t64.r1 at 128).
-  return 24 + held + (elems >= 16 ? 8 : 0) + (ln ? 4 : 0) + (c.row_split() > 1 ? 8 : 0) + (peel ? 16 : 0) + fp32_sum +
-         (late_res_rows(v, c, N, peel) ? std::max(16, elems / 2 + 8) : 0);
+  // Peeled rows: their edges and bounds, 16; packed v8 slices of 32-64
+  // elements, LayerNorm 4 and RMSNorm 12: the lowest bounds at which ptxas
+  // spilled nothing over slices of 40-64 elements in clusters of 4-16
+  // (RMSNorm held more: a slice of 48 spilled at 64 registers, LayerNorm's
+  // of 56 did not). At four CTAs of 256 where 16 had held three: H200, ln
+  // bf16 3000x98305 v8.t256.r1.c8 543.7 -> 468.9 us, rms bf16 4096x65537
+  // 406.5 -> 347.2. (Not the staged ones: they spilled at those bounds; nor
+  // v4 slices and v8.t512 slices of 24 elements: unbounded they held 40-47
+  // registers, and bounded to two CTAs ptxas took 56.)
+  const bool packed_peel = packed && c.vec == 8 && elems >= 32 && !c.stages;
+  return 24 + held + (elems >= 16 ? 8 : 0) + (ln ? 4 : 0) + (c.row_split() > 1 ? 8 : 0) +
+         (peel ? (packed_peel ? (ln ? 4 : 12) : 16) : 0) + fp32_sum + (late_res_rows(v, c, N, peel) ? std::max(16, elems / 2 + 8) : 0);
 }
 
 // Rows that keep u: their scales' maxima and the weight loaded with the row
