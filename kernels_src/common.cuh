@@ -38,6 +38,21 @@ template <class T, int VEC> struct alignas(sizeof(T) * VEC) Vec {
   T v[VEC];
 };
 
+// Element k of a chunk in fp32. A bf16 pair's 32-bit word widens in one
+// instruction an element: the low half shifted up, the high half masked
+// (from the 16-bit element, ptxas shifted the high half down, then up).
+template <class T, int VEC> __device__ __forceinline__ float elem_f32(const Vec<T, VEC>& v, int k) {
+  return to_float(v.v[k]);
+}
+template <int VEC> __device__ __forceinline__ float elem_f32(const Vec<bf16_t, VEC>& v, int k) {
+  if constexpr (VEC >= 2) {
+    const unsigned w = reinterpret_cast<const unsigned*>(&v)[k / 2];
+    return __uint_as_float(k % 2 ? (w & 0xffff0000u) : (w << 16));
+  } else {
+    return to_float(v.v[k]);
+  }
+}
+
 // The vector at `p` where `take`, else zeros: one predicated load into
 // registers zeroed as whole words. (Zeroed element by element, ptxas kept
 // 16-bit elements a register each and split every chunk on arrival, before

@@ -409,12 +409,12 @@ template <class S> struct FwdRow {
     return v;
   }
 
-  // w' = w + W_OFFSET of element k of a chunk of the weight. Quantized rows
-  // skip a zero offset (nj::w_prime); the other kernels keep the machine
-  // code their tuned entries were measured with.
+  // w' = w + W_OFFSET of element k of a chunk of the weight (nj::w_prime:
+  // a zero offset skipped). Widened from its 16-bit element, not its word
+  // (elem_f32): from the word, ptxas sank a one-chunk row's weight load
+  // past the warp's first shuffles (rms bf16 1x4096, v8.t512.r1).
   __device__ __forceinline__ float w_prime(const Vec<typename S::w_t, S::VEC>& wv, int k) const {
-    if constexpr (quant_of<S>() != Q_NONE) return nj::w_prime<S>(wv.v[k]);
-    else return to_float(wv.v[k]) + S::W_OFFSET;
+    return nj::w_prime<S>(wv.v[k]);
   }
 
   // y of element k of a chunk of h, in fp32, given that chunk's weight and
@@ -423,10 +423,10 @@ template <class S> struct FwdRow {
   __device__ __forceinline__ float y_at(const Vec<typename S::h_t, S::VEC>& h, int k, float shift, float m, float rstd,
                                         const Vec<typename S::w_t, S::VEC>& wv,
                                         const Vec<typename S::w_t, S::VEC>& bv) const {
-    float v = ((to_float(h.v[k]) - shift) - m) * rstd;
+    float v = ((elem_f32(h, k) - shift) - m) * rstd;
     if constexpr (S::LLAMA) v = round_to<typename S::x_t>(v);  // normalised row in the input dtype
     if constexpr (S::HAS_W) v *= w_prime(wv, k);
-    if constexpr (S::HAS_B) v += to_float(bv.v[k]);
+    if constexpr (S::HAS_B) v += elem_f32(bv, k);
     return v;
   }
 
@@ -447,7 +447,7 @@ template <class S> struct FwdRow {
     float r = 0.f;
 #pragma unroll
     for (int k = 0; k < S::VEC; ++k) {
-      float v = (to_float(h.v[k]) - shift) - m;
+      float v = (elem_f32(h, k) - shift) - m;
       if constexpr (S::HAS_W) v *= w_prime(wv, k);
       if (exact || has(col + k)) r = fmaxf(r, fabsf(v));
     }
@@ -459,7 +459,7 @@ template <class S> struct FwdRow {
                                            float (&u)[S::VEC]) const {
 #pragma unroll
     for (int k = 0; k < S::VEC; ++k) {
-      u[k] = to_float(h.v[k]);
+      u[k] = elem_f32(h, k);
       if constexpr (S::HAS_W) u[k] *= w_prime(wv, k);
     }
   }
@@ -870,7 +870,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
       }
 #pragma unroll
       for (int k = 0; k < S::VEC; ++k) {
-        const float f = nj::to_float(hv[i].v[k]);
+        const float f = nj::elem_f32(hv[i], k);
         if constexpr (S::LAYERNORM) {
           if constexpr (!LATE_SHIFT)
             if (EXACT || (tc.in(i) && (PEEL ? R.inner(col) : nj::col_in_row<S>(col, k)))) s[0] += f - shift;  // padding is not part of the row
@@ -932,7 +932,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         const int col = tc.col(i);
 #pragma unroll
         for (int k = 0; k < S::VEC; ++k)
-          if (EXACT || (tc.in(i) && (PEEL ? R.inner(col) : nj::col_in_row<S>(col, k)))) s[0] += nj::to_float(hv[i].v[k]) - shift;
+          if (EXACT || (tc.in(i) && (PEEL ? R.inner(col) : nj::col_in_row<S>(col, k)))) s[0] += nj::elem_f32(hv[i], k) - shift;
       }
       if constexpr (PEEL) {
 #pragma unroll
@@ -997,7 +997,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         const int col = tc.col(i);
 #pragma unroll
         for (int k = 0; k < S::VEC; ++k) {
-          const float d = (nj::to_float(hv[i].v[k]) - shift) - m;
+          const float d = (nj::elem_f32(hv[i], k) - shift) - m;
           if (EXACT || (tc.in(i) && (PEEL ? R.inner(col) : nj::col_in_row<S>(col, k)))) s[0] += d * d;  // padding is not part of the row
         }
         if constexpr (FOLD) {
