@@ -56,7 +56,8 @@ int row_register_base(const Variant& v, const LaunchConfig& c, int N, bool peel)
   // registers, and bounded to two CTAs ptxas took 56.)
   const bool packed_peel = packed && c.vec == 8 && elems >= 32 && !c.stages;
   return 24 + held + (elems >= 16 ? 8 : 0) + (ln ? 4 : 0) + (c.row_split() > 1 ? 8 : 0) +
-         (peel ? (packed_peel ? (ln ? 4 : 12) : 16) : 0) + fp32_sum + (late_res_rows(v, c, N, peel) ? std::max(16, elems / 2 + 8) : 0);
+         (peel ? (packed_peel ? (ln ? 4 : 12) : 16) : 0) + fp32_sum +
+         (late_res_rows(v, c, N, peel) ? std::max(16, elems / 2 + 8) : 0);
 }
 
 // Rows that keep u: their scales' maxima and the weight loaded with the row
