@@ -49,7 +49,14 @@ __host__ __device__ constexpr int pad16(int bytes) { return (bytes + 15) / 16 * 
 template <class S> constexpr int kPartials = (S::HAS_W ? 1 : 0) + (S::HAS_B ? 1 : 0);
 
 // The row sums a backward row reduces: sum g * xhat, and for LayerNorm sum g.
-template <class S> constexpr int kSums = S::LAYERNORM ? 2 : 1;
+// An RMSNorm row of fewer than 8 warps carries LayerNorm's second sum (0)
+// all the same: with one, ptxas scheduled the staged row loop of 4-warp rows
+// so that its loads waited (ncu, rms bf16 16384x1536 v4.t128.r4.s2: L1TEX
+// scoreboard stalls 4.7 cycles an instruction, DRAM 51% -> 72% of peak with
+// two sums; 63.6 -> 47.1 us, 4096x32768 258 -> 202 us on an H200), while
+// rows of 8+ warps (the warp butterfly) run faster with one (3000x98305
+// v1.t1024: 795 -> 743 us).
+template <class S> constexpr int kSums = S::LAYERNORM || kWarpsPerRow<S::TPR> < 8 ? 2 : 1;
 template <class S> using red_t = float[S::ROWS][kWarpsPerRow<S::TPR>][kSums<S>];
 template <class S> using Layout = RowLayout<S::N, S::VEC, S::TPR, S::CLUSTER>;
 template <class S> using Cols = ThreadCols<S::N, S::VEC, S::TPR, S::CLUSTER>;
@@ -76,7 +83,7 @@ template <class S> struct RowSums {
     float v[K];
 #pragma unroll
     for (int k = 0; k < K; ++k) v[k] = c[k];
-    row_reduce<S::TPR, S::ROWS, K, 0, true>(v, red);
+    row_reduce<S::TPR, S::ROWS, K>(v, red);
     if constexpr (S::CLUSTER > 1) {
       xc.exchange(v);
 #pragma unroll
