@@ -73,6 +73,22 @@ template <class T, int VEC> __device__ __forceinline__ Vec<T, VEC> load_vec_if(c
   return u.v;  // (memcpy from a W kept an 8-byte W in a stack frame in rows of fp16 by 4)
 }
 
+// The vector at `p` through the read-only data path (ld.global.nc) where
+// `take`, else zeros. For the weight and bias, which no kernel writes: a
+// plain load may alias the row's stores, so ptxas issued each chunk's after
+// the previous chunk's store, one L1 round trip a chunk (SASS of rms bf16
+// 32768x128, v8.t4.r32: four in a row per row).
+template <class T, int VEC> __device__ __forceinline__ Vec<T, VEC> load_ro_vec_if(const T* p, bool take) {
+  using W = typename Word<sizeof(Vec<T, VEC>)>::type;
+  union {
+    W w;
+    Vec<T, VEC> v;
+  } u;
+  u.w = W{};
+  if (take) u.w = __ldg(reinterpret_cast<const W*>(p));
+  return u.v;
+}
+
 // Row layout shared by all row kernels: a row of N elements is cut into
 // CHUNKS chunks of VEC; a cluster of C CTAs splits them into C slices of
 // SLICE_CHUNKS (C = 1: one slice, the whole row); thread `lane` of the TPR
