@@ -825,6 +825,31 @@ TEST_CASE("config_model: one-wave forward rows and rows without a residual take 
   CHECK((res.row_split() == 1 && res.threads() == 1024));
 }
 
+TEST_CASE("config_model: short forward rows hold at most 4 chunks a thread, or take 16 threads") {
+  // Narrow rows whose model pick held 5-8 chunks on 2-8 threads before the
+  // rule (config_model.cpp, short_row_threads; measured: ln fp16 11078x485
+  // v8.t8.r4 1.45x the fastest, rms bf16 437070x72 with a residual v8.t2.r16
+  // 1.36x), and rows whose chunks ask fewer than 16 threads.
+  for (const char* spec : {"ln:fp16:11078x485", "rms:bf16:437070x72:res", "rms:bf16:32768x128", "ln:bf16:35215x160",
+                           "rms:fp16:39864x424", "ln:bf16:23132x72", "rms:bf16:130492x152:res", "ln:bf16:100361x112:res",
+                           "rms:fp32:31041x88", "ln:fp32:1700x688"}) {
+    const NormDesc d = detail::parse_shape_spec(spec).desc;
+    const LaunchConfig c = heuristic_config(Op::Forward, d, normjit_test::test_facts(16));
+    const std::int64_t chunks = (d.N + c.vec - 1) / c.vec;
+    const std::string shape = spec;
+    CAPTURE(shape);
+    CAPTURE(c.str());
+    CHECK(c.threads_per_row >= std::min<std::int64_t>(16, (chunks + 3) / 4));
+  }
+  // The floor follows the chunks: N = 72 in vectors of 8 (9 chunks) keeps
+  // rows of 4 threads open (ln bf16 23132x72: v8.t4.r64 4.00 us, v8.t16.r32
+  // 4.86 on an H200).
+  const LaunchConfig n72 = heuristic_config(Op::Forward, detail::parse_shape_spec("ln:bf16:23132x72").desc,
+                                            normjit_test::test_facts(16));
+  CAPTURE(n72.str());
+  CHECK(n72.threads_per_row < 16);
+}
+
 TEST_CASE("config_model: cluster rows whose weight L1 cannot keep pay its reads from L2; rows of clusters of 16 keep it in shared memory") {
   // rms bf16 of 200000-262144 (a weight of 400-512 KB): the persistent
   // clusters of 16 (weight_smem_bytes), measured 1.07-1.15x over the

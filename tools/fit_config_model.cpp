@@ -305,7 +305,8 @@ void show_candidates(const std::vector<Row>& rows, const ModelParams (&fitted)[2
 }
 
 // --dump: one JSON line a row, every timed candidate with its measured
-// ratio, the model's predicted time and the terms of its row slice.
+// ratio, the model's predicted time and the terms of its row slice, and the
+// model's pick (its rules applied).
 void dump_rows(const std::vector<Row>& rows, const ModelParams (&fitted)[2], const std::string& path) {
   std::string text;
   for (const auto& r : rows) {
@@ -322,8 +323,14 @@ void dump_rows(const std::vector<Row>& rows, const ModelParams (&fitted)[2], con
                    {"k", (slice / g.vec + g.threads_per_row - 1) / g.threads_per_row},
                    {"launched", (r.op == Op::Forward ? staged_for_launch(r.op, r.desc, g, r.dev) : g).str()}});
     }
-    text += nlohmann::json{{"gpu", r.gpu}, {"shape", r.shape}, {"op", r.op == Op::Forward ? "fwd" : "bwd"},
-                           {"as_launched", r.as_launched}, {"sms", r.dev.sm_count}, {"cands", c}}
+    const std::size_t pick = fastest_of(r.op, r.desc, r.grid, r.dev, p);
+    text += nlohmann::json{{"gpu", r.gpu},
+                           {"shape", r.shape},
+                           {"op", r.op == Op::Forward ? "fwd" : "bwd"},
+                           {"as_launched", r.as_launched},
+                           {"sms", r.dev.sm_count},
+                           {"pick", r.grid[pick].str()},
+                           {"cands", c}}
                 .dump() +
             "\n";
   }

@@ -318,6 +318,32 @@ bool caps_cta_threads(Op op, const NormDesc& d, const std::vector<LaunchConfig>&
 bool cta_threads_excluded(Op op, const NormDesc& d, const Variant& v, const LaunchConfig& c, const DeviceFacts& dev) {
   return c.row_split() == 1 && c.threads() >= 1024 && (!v.residual || one_wave(op, d, v, c, dev));
 }
+
+// Forward rows split over enough threads that each holds at most 4 of the
+// row's chunks, 16 threads at most (wider rows are the other constants'),
+// where the grid has such a config. Short rows over 2-8 threads held up to
+// 16 chunks a thread, whose chains the constants (fitted mostly on wide
+// rows) price too cheaply. On the recorded grids (autotune_cache/model/,
+// N <= 4096; normjit_fit_model --dump) the model's geometric mean over the
+// fastest went 1.058 -> 1.052 (H100, 165 shapes) and 1.074 -> 1.062 (H200,
+// 259), its worst 1.53 -> 1.38 and 2.09 -> 1.48, one row 4% worse (ln bf16
+// 110788x320, H200); on 8 narrow rows timed whole with the kernels of
+// 2026-11-28 (H200) 1.124 -> 1.043, worst 1.465 -> 1.129, none worse (ln
+// fp16 11078x485: v8.t8.r4 15.7 us against v8.t32.r1's 10.9; rms bf16
+// 437070x72 with a residual: v8.t2.r16 92.3, v4.t8.r16 67.7). A floor of
+// 16 threads whatever the chunks lost at N = 72 (ln bf16 23132x72: 4.00 ->
+// 4.86 us).
+constexpr int kMinRowThreads = 16, kMaxShortRowChunks = 4;
+std::int64_t row_threads_floor(const NormDesc& d, const LaunchConfig& c) {
+  return std::min<std::int64_t>(kMinRowThreads, ceil_div(ceil_div(d.N, c.vec), kMaxShortRowChunks));
+}
+bool short_row_threads(const NormDesc& d, const LaunchConfig& c) {
+  return c.row_split() == 1 && c.threads_per_row < row_threads_floor(d, c);
+}
+bool floors_row_threads(Op op, const NormDesc& d, const std::vector<LaunchConfig>& grid) {
+  return op == Op::Forward &&
+         std::any_of(grid.begin(), grid.end(), [&](const LaunchConfig& c) { return !short_row_threads(d, c); });
+}
 }  // namespace
 
 std::size_t fastest_of(Op op, const NormDesc& d, const std::vector<LaunchConfig>& grid, const DeviceFacts& dev,
@@ -326,12 +352,13 @@ std::size_t fastest_of(Op op, const NormDesc& d, const std::vector<LaunchConfig>
   const QuantCaps caps = quant_caps(op, d, v, grid);
   const bool one_pass_only = registers_hold_row(op, grid);
   const bool cta_cap = caps_cta_threads(op, d, grid);
+  const bool row_floor = floors_row_threads(op, d, grid);
   // The grid is sorted simplest first: a later config must be faster to win.
   std::size_t best = 0;
   double best_t = std::numeric_limits<double>::infinity();
   for (std::size_t i = 0; i < grid.size(); ++i) {
     if (excluded(caps, d, grid[i]) || (one_pass_only && grid[i].two_pass) ||
-        (cta_cap && cta_threads_excluded(op, d, v, grid[i], dev)))
+        (cta_cap && cta_threads_excluded(op, d, v, grid[i], dev)) || (row_floor && short_row_threads(d, grid[i])))
       continue;
     const double t = predicted_ns(op, d, v, grid[i], dev, p);
     if (t < best_t * (1 - 1e-9)) {
