@@ -10,6 +10,11 @@
 #   call 2, carry [".peers/b"]:       bash tools/peers_device.sh stash .peers/b
 #   call 3, carry [".peers/small", and the build]:
 #     eval "$(bash tools/peers_device.sh install .peers/small)"; python3 tools/compare.py ...
+# When the tree has grown so that a 44 MiB part no longer fits beside it
+# (session 28: 21.6 MiB of tracked files), split each part in two first,
+# here: `split -n 2 -d .peers/a/W.part-a .peers/a1/W.part-a.` then move the
+# .01 piece to .peers/a2 (the same for b, with the .sha256 beside a piece),
+# and stash a1, a2, b1, b2 in four calls; `install` joins the pieces.
 # `install` joins the parts, checks each joined wheel against its .sha256,
 # installs every wheel into /tmp/peers (once a machine) and prints the
 # PYTHONPATH to use.
@@ -26,6 +31,10 @@ case "$1" in
       mkdir -p "$parts"
       cp "$2"/* "$parts"/
       cd "$parts"
+      for p in *.part-[ab].00; do  # parts stashed in pieces (split -n 2 -d)
+        [ -e "$p" ] || continue
+        cat "${p%.00}".[0-9][0-9] > "${p%.00}" && rm "${p%.00}".[0-9][0-9]
+      done
       for a in *.part-a; do
         w=${a%.part-a}
         [ -f "$w.part-b" ] || { echo "peers_device.sh: $w.part-b was not stashed (call 2)" >&2; exit 3; }
