@@ -45,9 +45,10 @@ bool require_gpu(const char* what);
 void sort_by_time(std::vector<CandidateTiming>& c);
 
 // The subcommands: each returns the exit code. tune.cpp and tune_grid.cpp.
-// devices: tune --devices (empty: the current device only).
+// devices: tune --devices (empty: the current device only); workers: shapes
+// tuned at once a device.
 int cmd_tune(Engine& engine, const ShapeOptions& so, bool vs_untuned, const std::string& json_path, bool retune,
-             bool list, bool whole_grid, const std::vector<int>& devices);
+             bool list, bool whole_grid, const std::vector<int>& devices, int workers);
 int cmd_tune_grid(Engine& engine, const std::string& grid_path, bool list, double max_seconds, int workers,
                   const std::vector<int>& devices);
 // tune --devices: every ordinal names a device of this machine, once (else

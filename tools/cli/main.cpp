@@ -65,7 +65,7 @@ void add_tune_command(CLI::App& app, TuneArgs& a) {
   tune->add_option("--grid", a.grid, "Tune every shape of a grid file (autotune_cache/grid/grid.json) by local search")
       ->check(CLI::ExistingFile);
   tune->add_option("--workers", a.workers,
-                   "With --grid: shapes tuned at once a GPU (compiles overlap timing; timing is serial on a GPU)")
+                   "Shapes tuned at once a GPU (compiles overlap timing; timing is serial on a GPU)")
       ->check(CLI::Range(1, 64));
   tune->add_flag("--list", a.list,
                  "Print the shapes (with --model: each norm, its ops and the config keys it came from; with --grid: "
@@ -75,7 +75,7 @@ void add_tune_command(CLI::App& app, TuneArgs& a) {
   tune->add_option("--max-seconds", a.max_seconds, "With --grid: stop starting new shapes after this long")
       ->check(CLI::PositiveNumber);
   tune->add_option("--devices", a.devices,
-                   "Tune on these GPUs (ordinals, e.g. 0,1,2,3) in parallel (with --grid, --workers threads each): "
+                   "Tune on these GPUs (ordinals, e.g. 0,1,2,3) in parallel (--workers threads each): "
                    "GPUs of one kind share the shapes and one tuned-cache file, each kind tunes them all (default: the "
                    "current GPU)")
       ->delimiter(',')
@@ -198,7 +198,7 @@ int dispatch(Engine& engine, const CliArgs& a) {
   if (t.cmd->parsed() && !t.grid.empty())
     return cmd_tune_grid(engine, t.grid, t.list, t.max_seconds, t.workers, t.devices);
   if (t.cmd->parsed())
-    return cmd_tune(engine, t.shapes, t.vs_untuned, t.json, t.retune, t.list, t.whole_grid, t.devices);
+    return cmd_tune(engine, t.shapes, t.vs_untuned, t.json, t.retune, t.list, t.whole_grid, t.devices, t.workers);
   if (a.explain.cmd->parsed()) return cmd_explain(engine, a.explain.shapes, a.explain.device);
   if (a.bench.cmd->parsed()) return cmd_bench(engine, a.bench.shapes, a.bench.json, a.bench.reps, !a.bench.no_check);
   if (a.compile.cmd->parsed() && !a.compile.dump_dir.empty())

@@ -73,6 +73,9 @@ int cmd_list(const ShapeOptions& so, const Resolved& r) {
 // configs (so a drift in clocks or temperature reaches both alike).
 std::vector<double> time_configs(Op op, const NormDesc& d, const std::vector<LaunchConfig>& cfgs, KernelCache& jit,
                                  int rounds = 5, int reps = 15) {
+  // The device alone from the first allocation to the last free, as a
+  // tuner times (workers of `tune` time one at a time a device).
+  std::lock_guard<std::mutex> gpu(gpu_mutex());
   const DeviceInfo dev = device_info(current_device());
   const DeviceBuffer flush = make_flush_buffer(dev);
   Scratch s(op, d, 0x71e0000u + d.N);
@@ -112,18 +115,22 @@ struct TuneTally {
 };
 
 // Whether `op` on `w` needs no tuning: its cache key was tuned earlier in this
-// run or, for a --model shape unless `force` (--retune or --vs-untuned), it
-// has a current tuned entry. Prints why and counts it when skipped.
+// run (or is being tuned by another worker) or, for a --model shape unless
+// `force` (--retune or --vs-untuned), it has a current tuned entry. Prints
+// why and counts it when skipped; otherwise claims the key for this item.
 bool skip_cached(Engine& engine, const Work& w, Op op, const std::string& key, bool force, TuneTally& t,
                  std::string& out) {
+  auto tuned_in_run = [&] {
+    auto it = t.tuned_here.find(key);
+    if (it == t.tuned_here.end()) return false;
+    fmt::format_to(std::back_inserter(out), "        skipped (cached): same cache key as {}, tuned in this run\n",
+                   it->second);
+    ++t.skipped;
+    return true;
+  };
   {
     std::lock_guard<std::mutex> lk(t.mu);
-    if (auto it = t.tuned_here.find(key); it != t.tuned_here.end()) {
-      fmt::format_to(std::back_inserter(out), "        skipped (cached): same cache key as {}, tuned in this run\n",
-                     it->second);
-      ++t.skipped;
-      return true;
-    }
+    if (tuned_in_run()) return true;
   }
   if (w.norm && !force) {
     const ConfigExplanation x = engine.explain(op, w.shape.desc);
@@ -135,6 +142,9 @@ bool skip_cached(Engine& engine, const Work& w, Op op, const std::string& key, b
       return true;
     }
   }
+  std::lock_guard<std::mutex> lk(t.mu);
+  if (tuned_in_run()) return true;  // claimed by another worker meanwhile
+  t.tuned_here.emplace(key, w.shape.name);
   return false;
 }
 
@@ -194,7 +204,6 @@ void tune_one(Engine& engine, Op op, const NamedShape& s, const std::string& key
     }
     std::lock_guard<std::mutex> lk(t.mu);
     ++t.tuned;
-    t.tuned_here.emplace(key, s.name);
     if (vs_untuned) t.rows.push_back(std::move(row));
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::InvalidArgument) throw;  // a bad shape: a bad command line
@@ -203,6 +212,7 @@ void tune_one(Engine& engine, Op op, const NamedShape& s, const std::string& key
     fmt::format_to(std::back_inserter(out), "        FAILED: {}\n", e.what());
     std::lock_guard<std::mutex> lk(t.mu);
     ++t.failed;
+    t.tuned_here.erase(key);  // unclaimed: a later item of this key tunes it
   }
 }
 
@@ -233,12 +243,14 @@ std::string run_item(Engine& engine, const TuneItem& it, int total, const std::s
   return out;
 }
 
-// tune --devices: a thread a device; devices of one kind (one tuned-cache
-// file) take the run's items from one queue, so each item is tuned once a
-// kind, and every kind tunes every item. Entries reach the kind's file
-// through its lock, merged (tuned_cache.cpp): none is lost when two devices
-// store at once.
-int tune_on_devices(Engine& engine, const std::vector<int>& devices, const std::vector<TuneItem>& items,
+// `workers` threads a device; devices of one kind (one tuned-cache file)
+// take the run's items from one queue, so each item is tuned once a kind,
+// and every kind tunes every item. A device's workers overlap one item's
+// compiles with another's timing, which holds the device alone
+// (autotune.cpp's gpu_mutex). Entries reach the kind's file through its
+// lock, merged (tuned_cache.cpp): none is lost when two workers store at
+// once.
+int tune_on_devices(Engine& engine, const std::vector<int>& devices, int workers, const std::vector<TuneItem>& items,
                     bool vs_untuned, bool retune, bool whole_grid, KernelCache& jit, nlohmann::json& rows) {
   struct Kind {
     std::string name;
@@ -262,25 +274,26 @@ int tune_on_devices(Engine& engine, const std::vector<int>& devices, const std::
     fmt::print("devices {} ({}): {} items, one tuned-cache file\n", fmt::join(k->devices, ","), k->name, items.size());
   std::mutex print_mu;
   std::vector<std::thread> threads;
-  std::vector<std::string> errors(devices.size());
+  std::vector<std::string> errors(devices.size() * workers);
   std::size_t slot = 0;
   for (auto& [key, k] : kinds)
     for (int d : k->devices)
-      threads.emplace_back([&, d, kind = k.get(), err = &errors[slot++]] {
-        try {
-          use_device(d);
-          const std::string tag = fmt::format(" cuda:{}", d);
-          for (std::size_t i; (i = kind->next++) < items.size();) {
-            const std::string out = run_item(engine, items[i], static_cast<int>(items.size()), tag, vs_untuned, retune,
-                                             whole_grid, jit, kind->tally);
-            std::lock_guard<std::mutex> lk(print_mu);
-            fmt::print("{}", out);
-            std::fflush(stdout);
+      for (int w = 0; w < workers; ++w)
+        threads.emplace_back([&, d, kind = k.get(), err = &errors[slot++]] {
+          try {
+            use_device(d);
+            const std::string tag = devices.size() > 1 ? fmt::format(" cuda:{}", d) : std::string();
+            for (std::size_t i; (i = kind->next++) < items.size();) {
+              const std::string out = run_item(engine, items[i], static_cast<int>(items.size()), tag, vs_untuned, retune,
+                                               whole_grid, jit, kind->tally);
+              std::lock_guard<std::mutex> lk(print_mu);
+              fmt::print("{}", out);
+              std::fflush(stdout);
+            }
+          } catch (const std::exception& e) {
+            *err = fmt::format("cuda:{}: {}", d, e.what());
           }
-        } catch (const std::exception& e) {
-          *err = fmt::format("cuda:{}: {}", d, e.what());
-        }
-      });
+        });
   for (auto& th : threads) th.join();
   int failed = 0;
   for (const auto& e : errors)
@@ -325,7 +338,7 @@ void check_devices(const std::vector<int>& devices) {
 // cache, or tuned earlier in this run under the same cache key) are skipped
 // unless --retune or --vs-untuned; --shape's are always tuned.
 int cmd_tune(Engine& engine, const ShapeOptions& so, bool vs_untuned, const std::string& json_path, bool retune,
-             bool list, bool whole_grid, const std::vector<int>& devices) {
+             bool list, bool whole_grid, const std::vector<int>& devices, int workers) {
   const Resolved res = resolve_shapes(so);
   if (list) return cmd_list(so, res);
   if (!require_gpu("tuning")) return kExitNoGpu;
@@ -335,17 +348,11 @@ int cmd_tune(Engine& engine, const ShapeOptions& so, bool vs_untuned, const std:
   int failed = 0;
   if (!devices.empty()) {
     check_devices(devices);
-    failed = tune_on_devices(engine, devices, items, vs_untuned, retune, whole_grid, jit, rows);
+    failed = tune_on_devices(engine, devices, workers, items, vs_untuned, retune, whole_grid, jit, rows);
   } else {
-    TuneTally t;
-    for (const auto& it : items) {
-      fmt::print("{}", run_item(engine, it, static_cast<int>(items.size()), "", vs_untuned, retune, whole_grid, jit, t));
-      std::fflush(stdout);
-    }
-    fmt::print("tune: {} tuned, {} skipped (cached), {} failed; tuned configs stored in {}/tuned\n", t.tuned,
-               t.skipped, t.failed, engine.cache_dir());
-    failed = t.failed;
-    rows = std::move(t.rows);
+    failed = tune_on_devices(engine, {static_cast<int>(current_device())}, workers, items, vs_untuned, retune,
+                             whole_grid, jit, rows);
+    fmt::print("tuned configs stored in {}/tuned\n", engine.cache_dir());
   }
   if (!json_path.empty()) write_tune_json(json_path, rows);
   return failed ? 1 : 0;
