@@ -56,37 +56,29 @@ template <int VEC> __device__ __forceinline__ float elem_f32(const Vec<bf16_t, V
 // The vector at `p` where `take`, else zeros: one predicated load into
 // registers zeroed as whole words. (Zeroed element by element, ptxas kept
 // 16-bit elements a register each and split every chunk on arrival, before
-// the next chunk's load: one round trip a chunk.)
+// the next chunk's load: one round trip a chunk.) READ_ONLY: through the
+// read-only data path (ld.global.nc), for the weight and bias, which no
+// kernel writes: a plain load may alias the row's stores, so ptxas issued
+// each chunk's after the previous chunk's store, one L1 round trip a chunk
+// (SASS of rms bf16 32768x128, v8.t4.r32: four in a row per row).
 template <int BYTES> struct Word;
 template <> struct Word<2> { using type = unsigned short; };
 template <> struct Word<4> { using type = unsigned; };
 template <> struct Word<8> { using type = uint2; };
 template <> struct Word<16> { using type = uint4; };
-template <class T, int VEC> __device__ __forceinline__ Vec<T, VEC> load_vec_if(const T* p, bool take) {
+template <class T, int VEC, bool READ_ONLY = false>
+__device__ __forceinline__ Vec<T, VEC> load_vec_if(const T* p, bool take) {
   using W = typename Word<sizeof(Vec<T, VEC>)>::type;
   union {
     W w;
     Vec<T, VEC> v;
   } u;
   u.w = W{};
-  if (take) u.w = *reinterpret_cast<const W*>(p);
+  if (take) {
+    if constexpr (READ_ONLY) u.w = __ldg(reinterpret_cast<const W*>(p));
+    else u.w = *reinterpret_cast<const W*>(p);
+  }
   return u.v;  // (memcpy from a W kept an 8-byte W in a stack frame in rows of fp16 by 4)
-}
-
-// The vector at `p` through the read-only data path (ld.global.nc) where
-// `take`, else zeros. For the weight and bias, which no kernel writes: a
-// plain load may alias the row's stores, so ptxas issued each chunk's after
-// the previous chunk's store, one L1 round trip a chunk (SASS of rms bf16
-// 32768x128, v8.t4.r32: four in a row per row).
-template <class T, int VEC> __device__ __forceinline__ Vec<T, VEC> load_ro_vec_if(const T* p, bool take) {
-  using W = typename Word<sizeof(Vec<T, VEC>)>::type;
-  union {
-    W w;
-    Vec<T, VEC> v;
-  } u;
-  u.w = W{};
-  if (take) u.w = __ldg(reinterpret_cast<const W*>(p));
-  return u.v;
 }
 
 // Row layout shared by all row kernels: a row of N elements is cut into

@@ -533,7 +533,7 @@ __device__ __forceinline__ void load_wb(const NormArgs& a, int col, bool exact, 
     if constexpr (S::HAS_B) bv = peeled_cols<S>(static_cast<const w_t*>(a.b), col, lo, lo + S::N, exact);
   } else {
     if constexpr (S::N % S::VEC == 0 && S::ROWS > 1 && S::TPR >= 4 && !S::RESIDUAL) {
-      // Programs of several (short) rows: read-only loads (load_ro_vec_if),
+      // Programs of several (short) rows: read-only loads (load_vec_if),
       // which ptxas issues together ahead of the row's stores: rms bf16
       // 32768x128 v8.t4.r32 6.66 -> 6.18 us, rms fp16 39864x424 v8.t8.r4
       // 22.3 -> 20.5, ln bf16 35215x160 1.07x on an H200. The others keep
@@ -544,8 +544,8 @@ __device__ __forceinline__ void load_wb(const NormArgs& a, int col, bool exact, 
       // row tensors) spilled at theirs (rms bf16 N = 128 v8.t2.r16, rms
       // fp16 N = 512 with a residual v8.t16.r32).
       const bool take = exact || col < S::N;
-      if constexpr (S::HAS_W) wv = load_ro_vec_if<w_t, S::VEC>(static_cast<const w_t*>(a.w) + col, take);
-      if constexpr (S::HAS_B) bv = load_ro_vec_if<w_t, S::VEC>(static_cast<const w_t*>(a.b) + col, take);
+      if constexpr (S::HAS_W) wv = load_vec_if<w_t, S::VEC, true>(static_cast<const w_t*>(a.w) + col, take);
+      if constexpr (S::HAS_B) bv = load_vec_if<w_t, S::VEC, true>(static_cast<const w_t*>(a.b) + col, take);
     } else {
       if constexpr (S::HAS_W) wv = unpeeled_chunk<S>(static_cast<const w_t*>(a.w), col, exact);
       if constexpr (S::HAS_B) bv = unpeeled_chunk<S>(static_cast<const w_t*>(a.b), col, exact);
