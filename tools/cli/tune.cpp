@@ -298,7 +298,7 @@ int tune_on_devices(Engine& engine, const std::vector<int>& devices, int workers
   int failed = 0;
   for (const auto& e : errors)
     if (!e.empty()) {
-      fmt::print(stderr, "normjit: tune --devices: {}\n", e);
+      fmt::print(stderr, "normjit: tune: {}\n", e);
       ++failed;
     }
   for (auto& [key, k] : kinds) {
