@@ -850,6 +850,31 @@ TEST_CASE("config_model: short forward rows hold at most 4 chunks a thread, or t
   CHECK(n72.threads_per_row < 16);
 }
 
+TEST_CASE("config_model: a forward row peels only where that pays more than its edges cost") {
+  // Decode and short rows whose pick peeled a vector that does not divide N,
+  // where its unpeeled twin (half the vector, twice the threads) was the
+  // fastest on the recorded grids (config_model.cpp, kPeelCost: H200 rms bf16
+  // 4x180 v8.t32.r1 1.40x the fastest, ln bf16 6x484 1.34x, rms fp32 8x70
+  // 1.32x; H100 ln bf16 21x500 1.30x).
+  for (const char* spec : {"rms:bf16:4x180", "ln:bf16:6x484", "ln:bf16:21x500", "rms:fp32:8x70", "rms:fp32:5x398",
+                           "ln:fp32:2x1626", "rms:fp32:59x350:res"}) {
+    const NormDesc d = detail::parse_shape_spec(spec).desc;
+    const DeviceFacts h200 = DeviceFacts::of(9, 0, 132, std::int64_t{60} << 20, 4814);
+    const LaunchConfig c = heuristic_config(Op::Forward, d, h200);
+    const std::string shape = spec;
+    CAPTURE(shape);
+    CAPTURE(c.str());
+    CHECK_FALSE(peeled(Op::Forward, d, c.vec));
+  }
+  // An odd N peels every vector wider than 1, and keeps doing so: elements
+  // one at a time cost far more than the edges.
+  const NormDesc odd = detail::parse_shape_spec("rms:bf16:4096x4097").desc;
+  const LaunchConfig c = heuristic_config(Op::Forward, odd, DeviceFacts::of(9, 0, 132, std::int64_t{60} << 20, 4814));
+  CAPTURE(c.str());
+  CHECK(c.vec > 1);
+  CHECK(peeled(Op::Forward, odd, c.vec));
+}
+
 TEST_CASE("config_model: cluster rows whose weight L1 cannot keep pay its reads from L2; rows of clusters of 16 keep it in shared memory") {
   // rms bf16 of 200000-262144 (a weight of 400-512 KB): the persistent
   // clusters of 16 (weight_smem_bytes), measured 1.07-1.15x over the
