@@ -850,6 +850,23 @@ TEST_CASE("config_model: short forward rows hold at most 4 chunks a thread, or t
   CHECK(n72.threads_per_row < 16);
 }
 
+TEST_CASE("config_model: short backward rows take a warp, or a thread per 4 elements") {
+  // Narrow backward rows whose pick split them over 8-16 threads before the
+  // rule (config_model.cpp, kMinBwdRowThreads; measured on an H200: rms fp32
+  // 8747x104 v2.t8.r4 1.40x the fastest, ln bf16 2x184 v4.t16.r2 1.34x, rms
+  // bf16 3x72 v4.t8.r4 1.25x, rms bf16 8x120 v4.t16.r8 1.32x).
+  const DeviceFacts h200 = DeviceFacts::of(9, 0, 132, std::int64_t{60} << 20, 4814);
+  for (const char* spec : {"rms:fp32:8747x104", "ln:bf16:2x184", "rms:bf16:3x72", "rms:bf16:8x120", "ln:fp16:2x176",
+                           "rms:fp32:2x72", "ln:bf16:5539x72"}) {
+    const NormDesc d = detail::parse_shape_spec(spec).desc;
+    const LaunchConfig c = heuristic_config(Op::Backward, d, h200);
+    const std::string shape = spec;
+    CAPTURE(shape);
+    CAPTURE(c.str());
+    CHECK(c.threads_per_row >= std::min<std::int64_t>(32, (d.N + 3) / 4));
+  }
+}
+
 TEST_CASE("config_model: a forward row peels only where that pays more than its edges cost") {
   // Decode and short rows whose pick peeled a vector that does not divide N,
   // where its unpeeled twin (half the vector, twice the threads) was the

@@ -346,16 +346,37 @@ bool cta_threads_excluded(Op op, const NormDesc& d, const Variant& v, const Laun
 // 437070x72 with a residual: v8.t2.r16 92.3, v4.t8.r16 67.7). A floor of
 // 16 threads whatever the chunks lost at N = 72 (ln bf16 23132x72: 4.00 ->
 // 4.86 us).
-constexpr int kMinRowThreads = 16, kMaxShortRowChunks = 4;
-std::int64_t row_threads_floor(const NormDesc& d, const LaunchConfig& c) {
+// The backward's floor (session 29): a row takes at least min(32, N / 4)
+// threads, at most 4 elements a thread below a warp, whatever the vector
+// (a floor in chunks let a wider vector pass it with the same few threads,
+// and lose: ln bf16 5539x72 v8.t16 1.31-1.39x the fastest). Narrow rows
+// over 8-16 threads lost by up to 1.4x (H200 rms fp32 8747x104 v2.t8.r4
+// 1.40 of the fastest, ln bf16 2x184 v4.t16.r2 1.34, rms bf16 3x72 1.25);
+// with the floor, 12 of 15 shapes timed on an H200 (no cache) ran
+// 1.11-1.39x faster (rms bf16 32768x128 1.19x, 4106x184 1.16x). Not where
+// an SM streams more than about 60K of the rows' elements (M x N over the
+// SMs): there the other three, 16-bit rows of 121K-159K tokens (67K-202K
+// elements an SM), ran 0.84-0.88x, fewer threads and more rows a CTA
+// winning; the bound gives up two fp32 rows of 93K and 98K that gained
+// (rms fp32 138735x88 1.18x, 70277x184 1.13x): a bound in elements, the
+// simplest that parts the timed rows, is fitted on these few. On the
+// recorded grids the floor within the bound moved 16 picks: 15 faster by
+// more than 2%, one within 1%; geometric mean 1.079 -> 1.073 (H200, 305
+// shapes), 1.066 -> 1.064 (H100, 327).
+
+constexpr int kMinRowThreads = 16, kMaxShortRowChunks = 4, kMinBwdRowThreads = 32, kMaxBwdShortRowElems = 4;
+constexpr double kBwdFloorElemsPerSm = 60000;
+std::int64_t row_threads_floor(Op op, const NormDesc& d, const LaunchConfig& c) {
+  if (op == Op::Backward) return std::min<std::int64_t>(kMinBwdRowThreads, ceil_div(d.N, kMaxBwdShortRowElems));
   return std::min<std::int64_t>(kMinRowThreads, ceil_div(ceil_div(d.N, c.vec), kMaxShortRowChunks));
 }
-bool short_row_threads(const NormDesc& d, const LaunchConfig& c) {
-  return c.row_split() == 1 && c.threads_per_row < row_threads_floor(d, c);
+bool short_row_threads(Op op, const NormDesc& d, const LaunchConfig& c) {
+  return c.row_split() == 1 && c.threads_per_row < row_threads_floor(op, d, c);
 }
-bool floors_row_threads(Op op, const NormDesc& d, const std::vector<LaunchConfig>& grid) {
-  return op == Op::Forward &&
-         std::any_of(grid.begin(), grid.end(), [&](const LaunchConfig& c) { return !short_row_threads(d, c); });
+bool floors_row_threads(Op op, const NormDesc& d, const std::vector<LaunchConfig>& grid, const DeviceFacts& dev) {
+  if (op == Op::Backward && static_cast<double>(d.M) * static_cast<double>(d.N) > kBwdFloorElemsPerSm * dev.sm_count)
+    return false;
+  return std::any_of(grid.begin(), grid.end(), [&](const LaunchConfig& c) { return !short_row_threads(op, d, c); });
 }
 }  // namespace
 
@@ -365,13 +386,13 @@ std::size_t fastest_of(Op op, const NormDesc& d, const std::vector<LaunchConfig>
   const QuantCaps caps = quant_caps(op, d, v, grid);
   const bool one_pass_only = registers_hold_row(op, grid);
   const bool cta_cap = caps_cta_threads(op, d, grid);
-  const bool row_floor = floors_row_threads(op, d, grid);
+  const bool row_floor = floors_row_threads(op, d, grid, dev);
   // The grid is sorted simplest first: a later config must be faster to win.
   std::size_t best = 0;
   double best_t = std::numeric_limits<double>::infinity();
   for (std::size_t i = 0; i < grid.size(); ++i) {
     if (excluded(caps, d, grid[i]) || (one_pass_only && grid[i].two_pass) ||
-        (cta_cap && cta_threads_excluded(op, d, v, grid[i], dev)) || (row_floor && short_row_threads(d, grid[i])))
+        (cta_cap && cta_threads_excluded(op, d, v, grid[i], dev)) || (row_floor && short_row_threads(op, d, grid[i])))
       continue;
     const double t = predicted_ns(op, d, v, grid[i], dev, p);
     if (t < best_t * (1 - 1e-9)) {
