@@ -152,10 +152,11 @@ double forward_ns(const NormDesc& d, const Variant& v, const LaunchConfig& c, co
   const int nin = v.residual ? 2 : 1;
   const double read = dtype_size(v.x) + (v.residual ? dtype_size(v.r) : 0);
   const double write = dtype_size(v.y) + (v.store_res ? dtype_size(v.ro) : 0);
+  const bool peel = peeled(Op::Forward, d, c.vec);
   // The kernel is compiled to hold forward_min_blocks CTAs an SM (its
   // registers capped to fit them): the same count here, within the
   // device's thread and block limits.
-  const double regs = forward_register_need(v, c, static_cast<int>(d.N), peeled(Op::Forward, d, c.vec));
+  const double regs = forward_register_need(v, c, static_cast<int>(d.N), peel);
   const int r = resident_ctas(dev, T.threads, regs, 0);
   const double ctas = T.needed * T.cl;
   // A cluster starts only when a GPC has room for all of its CTAs at once:
@@ -176,7 +177,7 @@ double forward_ns(const NormDesc& d, const Variant& v, const LaunchConfig& c, co
   // a weight rms bf16 256x262144 ran at 102% of the copy, with it 84%.)
   const int wb = (v.has_w ? 1 : 0) + (v.has_b ? 1 : 0);
   const double weight_bytes = static_cast<double>(d.N) * dtype_size(v.w) * wb;
-  if (T.cl > 1 && !c.two_pass && wb > 0 && weight_smem_bytes(v, c, static_cast<int>(d.N), peeled(Op::Forward, d, c.vec)) == 0 &&
+  if (T.cl > 1 && !c.two_pass && wb > 0 && weight_smem_bytes(v, c, static_cast<int>(d.N), peel) == 0 &&
       weight_bytes > static_cast<double>(dev.l1_smem_per_sm - r * kForwardStaticSmemBytes))
     sm_bytes += static_cast<double>(c.rows_per_pid) * T.slice * dtype_size(v.w) * wb;
   const double round = T.round_ns(t1, conc, bytes, sm_bytes, std::min<double>(T.sms, conc), true);
@@ -186,7 +187,7 @@ double forward_ns(const NormDesc& d, const Variant& v, const LaunchConfig& c, co
   // clusters); else amax is zeroed, then a pass measures it and a second
   // quantizes: a second launch's latency and the rows read again.
   if (v.quant == QuantScaling::Tensor && (T.needed > dev.max_cluster || T.cl > 1)) return 2 * t;
-  return t * (peeled(Op::Forward, d, c.vec) ? 1 + kPeelCost : 1.0);
+  return t * (peel ? 1 + kPeelCost : 1.0);
 }
 
 // Backward: persistent programs stream their rows (launch_geometry).
