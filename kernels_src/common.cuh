@@ -96,14 +96,16 @@ template <int N, int VEC, int TPR, int C = 1> struct RowLayout {
 };
 
 // The columns of one thread: chunk i starts at col(i) and is part of the row
-// (and of this CTA's slice) when in(i).
-template <int N, int VEC, int TPR, int C = 1> struct ThreadCols {
+// (and of this CTA's slice) when in(i). PAD: columns past N that a slot may
+// still start at (a peeled row's slots start up to a vector late, from its
+// first inner chunk: norm_fwd.cuh's span_of).
+template <int N, int VEC, int TPR, int C = 1, int PAD = 0> struct ThreadCols {
   using L = RowLayout<N, VEC, TPR, C>;
   int c0, lane;  // first column of the CTA's slice; the thread's lane in its row
   __device__ __forceinline__ int chunk(int i) const { return lane + i * TPR; }
   __device__ __forceinline__ int col(int i) const { return c0 + chunk(i) * VEC; }
   __device__ __forceinline__ bool in(int i) const {
-    return L::EXACT || (chunk(i) < L::SLICE_CHUNKS && col(i) < N);
+    return L::EXACT || (chunk(i) < L::SLICE_CHUNKS && col(i) < N + PAD);
   }
 };
 

@@ -41,6 +41,21 @@ namespace nj {
 template <class S> constexpr auto peel_or0(int) -> decltype(S::PEEL + 0) { return S::PEEL; }
 template <class S> constexpr int peel_or0(long) { return 0; }
 template <class S> constexpr bool peel_of() { return peel_or0<S>(0) != 0; }
+// The columns a row's chunk slots cover (RowLayout's N; the engine's
+// row_span). A peeled row's chunks cover its view, the VEC - 1 columns
+// before it too, whose partial first and last chunk are edges, held apart
+// (FwdRow::edge). A peeled cluster row's slots hold only its inner chunks
+// (those wholly inside it: at most N / VEC, from the first vector boundary
+// at or after its start): over the whole view, a row of N = 8k + 1 had a
+// slot more than its even twin, in the last CTA's slice an iteration of
+// its own (H200, A/B: ln bf16 700x98305:res v8.t1024.r1.c4 1.15x, 16x98305
+// c16 1.11x, rms bf16 4096x65537 c4 1.08x). Rows of one CTA kept the view:
+// their many CTAs lost up to 1.4x with inner slots (ln fp16 6108x5333).
+template <class S> constexpr bool inner_slots_of() { return peel_of<S>() && S::CLUSTER > 1; }
+template <class S> constexpr int span_of() {
+  return inner_slots_of<S>() ? (S::N / S::VEC > 0 ? S::N / S::VEC * S::VEC : S::VEC)
+                             : S::N + (peel_of<S>() ? S::VEC - 1 : 0);
+}
 // STORE_AMAX: a static scale's kernel that writes amax too (only its prelude
 // defines it), as peel_or0.
 template <class S> constexpr auto store_amax_or(int) -> decltype(S::STORE_AMAX + 0) { return S::STORE_AMAX; }
@@ -59,7 +74,7 @@ template <class S> constexpr bool row_fold_of() {
   constexpr bool ROW_AMAX = QUANT == Q_TOKEN || QUANT == Q_TENSOR || STATIC_AMAX;
   constexpr bool FOLD = ROW_AMAX && (QUANT != Q_TENSOR || keep_u_of<S>()) && !S::LLAMA && !S::HAS_B &&
                         !(S::LAYERNORM && (S::TWO_PASS || S::CLUSTER > 1));
-  using L = RowLayout<S::N + (peel_of<S>() ? S::VEC - 1 : 0), S::VEC, S::TPR, S::CLUSTER>;
+  using L = RowLayout<span_of<S>(), S::VEC, S::TPR, S::CLUSTER>;
   constexpr bool SHORT = !S::TWO_PASS && S::ROWS == 1 && L::ITERS * S::VEC <= 32;
   return FOLD && (QUANT == Q_TOKEN || (STATIC_AMAX && SHORT));
 }
@@ -180,6 +195,9 @@ template <class S> struct FwdRow {
   // residual and residual_out all start at the same place in a vector.
   // Otherwise [0, N).
   int lo = 0, hi = S::N;
+  // Peeled rows: the first inner chunk's column (lo rounded up to a vector;
+  // inner_slots_of's rows start their slots there).
+  int base = 0;
 
   __device__ __forceinline__ FwdRow(const NormArgs& a, const QuantArgs& q, long long row_) {
     x = static_cast<const typename S::x_t*>(a.x) + row_offset<S::HEADS, index_t>(row_, a.x_ld, a.x_hs, a.heads);
@@ -195,6 +213,7 @@ template <class S> struct FwdRow {
     if constexpr (peel_of<S>()) {
       lo = static_cast<int>((reinterpret_cast<unsigned long long>(x) / sizeof(typename S::x_t)) % S::VEC);
       hi = lo + S::N;
+      base = lo > 0 ? S::VEC : 0;
       x -= lo;
       y = align_down<S::VEC>(y);
       yo -= lo;  // y_hp's rows (quantized y) share y's layout
@@ -233,22 +252,45 @@ template <class S> struct FwdRow {
   __device__ __forceinline__ bool has(int col) const { return col >= lo && col < hi; }
   // Does the chunk at `col` lie wholly inside the row?
   __device__ __forceinline__ bool inner(int col) const { return col >= lo && col + S::VEC <= hi; }
-  // Edge j of a peeled row in a slice [c0, c0 + slice): j < VEC, the first
-  // chunk's column j; j < 2 VEC, the last chunk's column j - VEC; -1 where
-  // that column is not in the row, the slice, or a partial chunk.
-  __device__ __forceinline__ int edge(int j, int c0, int slice) const {
+  // Edge j of a peeled row in the slice [c0, c0 + slice) of a cluster's C:
+  // j < VEC, the first chunk's column j; j < 2 VEC, the last chunk's column
+  // j - VEC; -1 where that column is not in the row or its chunk is inner.
+  // Inner slots (inner_slots_of): the first CTA holds the first chunk's
+  // edges, the last CTA the last chunk's; else the CTA whose slice holds
+  // the column.
+  __device__ __forceinline__ int edge(int j, int c0, int slice, int C) const {
     int p = -1;
     const int last = (hi - 1) / S::VEC * S::VEC;
-    if (j < S::VEC) {
-      if (!inner(0)) p = j;
-    } else if (j < 2 * S::VEC && last > 0 && !inner(last)) {
-      p = last + j - S::VEC;
+    if constexpr (inner_slots_of<S>()) {
+      if (j < S::VEC) {
+        if (c0 == 0 && !inner(0)) p = j;
+      } else if (j < 2 * S::VEC && c0 == (C - 1) * slice && last > 0 && !inner(last)) {
+        p = last + j - S::VEC;
+      }
+      return p >= lo && p < hi ? p : -1;
+    } else {
+      if (j < S::VEC) {
+        if (!inner(0)) p = j;
+      } else if (j < 2 * S::VEC && last > 0 && !inner(last)) {
+        p = last + j - S::VEC;
+      }
+      return p >= lo && p < hi && p >= c0 && p < c0 + slice ? p : -1;
     }
-    return p >= lo && p < hi && p >= c0 && p < c0 + slice ? p : -1;
   }
-  __device__ __forceinline__ int count(int b, int e) const {
-    if constexpr (peel_of<S>()) return max(0, min(e, hi) - max(b, lo));
-    else return min(e - b, max(0, S::N - b));
+  // Elements of the row in the slice of `slice` columns at c0 (a cluster's
+  // CTA; C of them): a peeled row's inner chunks in it (from base) and the
+  // edges edge() gives that CTA.
+  __device__ __forceinline__ int slice_count(int c0, int slice, int C) const {
+    if constexpr (inner_slots_of<S>()) {
+      const int b = base + c0, e = base + c0 + slice, hf = hi / S::VEC * S::VEC;
+      int n = max(0, min(e, hf) - max(b, base));
+      if (c0 == 0 && !inner(0)) n += min(S::VEC, hi) - lo;
+      const int last = (hi - 1) / S::VEC * S::VEC;
+      if (c0 == (C - 1) * slice && last > 0 && !inner(last)) n += hi - last;
+      return n;
+    } else {
+      return min(slice, max(0, S::N - c0));
+    }
   }
 
   // x of one chunk in fp32: an FP8 x times its group's scale (a chunk lies
@@ -571,9 +613,10 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
   using w_t = typename S::w_t;
   constexpr int C = S::CLUSTER;
   constexpr int QUANT = nj::quant_of<S>();
-  // A peeled row's chunks cover the VEC - 1 columns before it too.
+  // A peeled row's chunk slots: span_of.
   constexpr bool PEEL = nj::peel_of<S>();
-  using L = nj::RowLayout<S::N + (PEEL ? S::VEC - 1 : 0), S::VEC, S::TPR, C>;
+  constexpr bool INNER = nj::inner_slots_of<S>();
+  using L = nj::RowLayout<nj::span_of<S>(), S::VEC, S::TPR, C>;
   constexpr bool EXACT = L::EXACT && !PEEL;
   static_assert(C == 1 || (S::ROWS == 1 && !S::TWO_PASS), "a cluster shares one row held in registers");
   // (Tensor scaling's one-launch kernel takes a cluster's CTAs as row
@@ -648,7 +691,6 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
   }
   // Tensor scaling's first launch only measures.
   const bool measure = QUANT == nj::Q_TENSOR && !ONCE && q.phase == 0;
-  const nj::ThreadCols<S::N + (PEEL ? S::VEC - 1 : 0), S::VEC, S::TPR, C> tc{c0, lane};
   // Cluster rows exchange one value per CTA (RMSNorm: the sum of squares;
   // LayerNorm: the slice's sum and M2). Set up before the loads, so the
   // cluster barrier that publishes the mbarriers overlaps them.
@@ -667,6 +709,10 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
   // Rows past M still take part in the reductions' barriers; they only skip memory.
   const bool valid = row < a.M;
   const nj::FwdRow<S> R(a, q, valid ? row : 0);
+  // Inner slots start at the row's first inner chunk (R.base); a slot past
+  // its inner chunks is not inner (whole_chunk), up to VEC columns past the
+  // span.
+  const nj::ThreadCols<nj::span_of<S>(), S::VEC, S::TPR, C, INNER ? S::VEC : 0> tc{INNER ? c0 + R.base : c0, lane};
   constexpr float inv_n = 1.0f / S::N;
   // LayerNorm sums are shifted by the row's first element, so a large mean
   // (1e4, say) does not cancel away the variance: mean = shift + m with m of
@@ -925,7 +971,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
     if constexpr (PEEL) {
 #pragma unroll
       for (int e = 0; e < XE; ++e) {
-        hp[e] = R.edge(lane + e * S::TPR, c0, L::SLICE);
+        hp[e] = R.edge(lane + e * S::TPR, c0, L::SLICE, C);
         he[e] = valid && hp[e] >= 0 ? R.load_h1(hp[e], !STAGED && !LATE_RES && !measure) : nj::from_float<h_t>(0.f);
         const float f = nj::to_float(he[e]);
         if constexpr (S::LAYERNORM) {
@@ -1004,7 +1050,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
       // Exact two-step variance from the cached row: stable for any mean.
       // (Measured on an H200: faster than a one-round mean/M2 combine.) In a
       // cluster, each CTA's slice: its count n, mean and M2, combined below.
-      const int n = C > 1 ? R.count(c0, c0 + L::SLICE) : S::N;
+      const int n = C > 1 ? R.slice_count(c0, L::SLICE, C) : S::N;
       const float sum = s[0];
       m = C > 1 ? (n > 0 ? sum / n : 0.f) : sum * inv_n;
       s[0] = 0.f;
@@ -1043,7 +1089,7 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
         if constexpr (XA) v[XK - 1] = ua;
         if (iter == 0) xc.ready();
         xc.exchange(v);
-        const int r = threadIdx.x % 32, nr = R.count(r * L::SLICE, (r + 1) * L::SLICE);
+        const int r = threadIdx.x % 32, nr = R.slice_count(r * L::SLICE, L::SLICE, C);
         m = nj::warp_sum(v[0]) * inv_n;
         const float dm = nr > 0 ? v[0] / nr - m : 0.f;
         s[0] = nj::warp_sum(r < C ? v[1] + nr * dm * dm : 0.f);

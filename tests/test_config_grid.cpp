@@ -281,9 +281,13 @@ TEST_CASE("config_grid: forward rows whose strides are no multiple of vec are pe
   padded.y_stride = 12346;
   CHECK(peeled(Op::Forward, padded, 8));
   CHECK_FALSE(peeled(Op::Forward, padded, 2));
-  CHECK(row_span(Op::Forward, odd, 8) == 12345 + 7);
-  CHECK(row_span(Op::Forward, odd, 1) == 12345);
-  CHECK(row_span(Op::Backward, odd, 8) == 12345);
+  // A peeled row's slots cover its view (edges included), in clusters only
+  // its inner chunks (12345 = 8 * 1543 + 1).
+  CHECK(row_span(Op::Forward, odd, LaunchConfig::parse("v8.t256.r1")) == 12345 + 7);
+  CHECK(row_span(Op::Forward, odd, LaunchConfig::parse("v8.t256.r1.c4")) == 8 * 1543);
+  CHECK(row_span(Op::Forward, make_desc(64, 5), LaunchConfig::parse("v8.t32.r1.c2")) == 8);
+  CHECK(row_span(Op::Forward, odd, LaunchConfig::parse("v1.t256.r1")) == 12345);
+  CHECK(row_span(Op::Backward, odd, LaunchConfig::parse("v8.t256.r1.c4")) == 12345);
   // The grid of an odd N has whole vectors, and the spec says PEEL.
   const auto grid = candidate_grid(Op::Forward, odd, kMaxCluster);
   const auto decode_grid = candidate_grid(Op::Forward, make_desc(32, 12345), kMaxCluster);  // clusters at M <= 32

@@ -315,7 +315,7 @@ void dump_rows(const std::vector<Row>& rows, const ModelParams (&fitted)[2], con
     for (std::size_t i = 0; i < r.grid.size(); ++i) {
       const LaunchConfig& g = r.grid[i];
       const bool peel = peeled(r.op, r.desc, g.vec);
-      const std::int64_t slice = slice_columns(row_span(r.op, r.desc, g.vec), g);
+      const std::int64_t slice = slice_columns(row_span(r.op, r.desc, g), g);
       c.push_back({{"cfg", g.str()},
                    {"ratio", r.ratio[i]},
                    {"pred_ns", predicted_ns(r.op, r.desc, g, r.dev, p)},

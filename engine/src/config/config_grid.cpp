@@ -41,7 +41,14 @@ bool peeled(Op op, const NormDesc& d, int vec) {
   return false;
 }
 
-std::int64_t row_span(Op op, const NormDesc& d, int vec) { return d.N + (peeled(op, d, vec) ? vec - 1 : 0); }
+std::int64_t peeled_span(std::int64_t N, const LaunchConfig& c) {
+  if (c.cluster <= 1) return N + c.vec - 1;
+  return N >= c.vec ? N / c.vec * c.vec : c.vec;
+}
+
+std::int64_t row_span(Op op, const NormDesc& d, const LaunchConfig& c) {
+  return peeled(op, d, c.vec) ? peeled_span(d.N, c) : d.N;
+}
 
 int max_vec(Op op, const NormDesc& d) { return max_vec(op, d, make_variant(op, d)); }
 
@@ -65,7 +72,7 @@ struct Share {
 };
 Share thread_share(Op op, const NormDesc& d, const Variant& v, const LaunchConfig& c) {
   // A cluster's CTA holds its slice of the row.
-  const std::int64_t per_thread = ceil_div(slice_columns(row_span(op, d, c.vec), c) / c.vec, c.threads_per_row) * c.vec;
+  const std::int64_t per_thread = ceil_div(slice_columns(row_span(op, d, c), c) / c.vec, c.threads_per_row) * c.vec;
   const int full_block = c.threads() == 1024 ? 2 : 1;
   // Forward rows are cached as h_t (x's dtype, or the residual sum's).
   const bool regs = op == Op::Forward
@@ -102,7 +109,7 @@ std::string geometry_rule(Op op, const NormDesc& d, const Variant& v, const Laun
   if (!pow2(c.threads_per_row) || !pow2(c.rows_per_pid)) return "threads_per_row and rows_per_pid must be powers of two";
   const int threads = c.threads();
   if (threads < 32 || threads > 1024) return fmt::format("block of {} threads is outside [32, 1024]", threads);
-  const std::int64_t chunks = ceil_div(row_span(op, d, c.vec), c.vec);
+  const std::int64_t chunks = ceil_div(row_span(op, d, c), c.vec);
   if (!pow2(c.cluster) || c.cluster > max_cluster)
     return fmt::format("cluster {} is not a power of two <= {} (the device's largest cluster)", c.cluster,
                        max_cluster);
@@ -170,7 +177,7 @@ std::string register_rule(Op op, const NormDesc& d, const Variant& v, const Laun
       LaunchConfig whole = c;
       whole.two_pass = false;
       whole.cluster = max_cluster;
-      const std::int64_t chunks = ceil_div(row_span(op, d, c.vec), c.vec);
+      const std::int64_t chunks = ceil_div(row_span(op, d, c), c.vec);
       whole.threads_per_row = static_cast<int>(std::min<std::int64_t>(1024, next_pow2(chunks) / max_cluster));
       for (int st : {0, 2}) {
         whole.stages = st;

@@ -36,12 +36,18 @@ std::int64_t slice_columns(std::int64_t N, const LaunchConfig& cfg);
 /// Whether `op`'s rows under vectors of `vec` are peeled (norm_fwd.cuh's
 /// FwdRow): a forward row of plain dtypes (neither FP8 in nor out) whose row
 /// strides are not all multiples of vec (an odd N, say) starts anywhere in a
-/// vector, and its chunks cover up to vec - 1 columns before it too.
+/// vector; its inner chunks (wholly inside it) move as vectors, the
+/// elements of its partial first and last chunk apart.
 bool peeled(Op op, const NormDesc& desc, int vec);
 
-/// Columns a row's chunks cover under vectors of `vec`: N, or N + vec - 1
-/// when peeled.
-std::int64_t row_span(Op op, const NormDesc& desc, int vec);
+/// Columns a peeled row's chunk slots cover under `c` (norm_fwd.cuh's
+/// span_of): N + vec - 1 (its view, edges included), or in clusters only
+/// its inner chunks, at most N / vec of them (vec columns where N < vec).
+std::int64_t peeled_span(std::int64_t N, const LaunchConfig& c);
+
+/// Columns a row's chunk slots cover under `c`: N, or peeled_span when
+/// peeled.
+std::int64_t row_span(Op op, const NormDesc& desc, const LaunchConfig& c);
 
 /// The largest vec (elements) allowed for the dtypes `op` moves (16-byte
 /// accesses) and N: one that divides every row stride, unless the rows can be

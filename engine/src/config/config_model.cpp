@@ -109,7 +109,7 @@ struct Terms {
         bw(dev.memory_gbps * p[kBwEff]),
         sm_bw(p[kSmBw] * dev.sm_clock_ghz),
         cl(c.row_split()),
-        slice(slice_columns(row_span(op, d, c.vec), c)),
+        slice(slice_columns(row_span(op, d, c), c)),
         threads(c.threads()),
         k(static_cast<double>(ceil_div(slice / c.vec, c.threads_per_row))) {
     red = p[kLred] * std::log2(std::max(2, c.threads_per_row)) + (c.threads_per_row > 32 ? p[kLsync] : 0) +

@@ -9,7 +9,7 @@ namespace normjit::detail {
 namespace {
 // Chunks of its row a forward thread keeps in registers.
 int forward_iters(const LaunchConfig& c, int N, bool peel) {
-  const std::int64_t chunks = slice_columns(N + (peel ? c.vec - 1 : 0), c) / c.vec;
+  const std::int64_t chunks = slice_columns(peel ? peeled_span(N, c) : N, c) / c.vec;
   return static_cast<int>((chunks + c.threads_per_row - 1) / c.threads_per_row);
 }
 
