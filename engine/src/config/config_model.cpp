@@ -73,7 +73,7 @@ namespace {
 // variant.
 bool one_wave(Op op, const NormDesc& d, const Variant& v, const LaunchConfig& c, const DeviceFacts& dev) {
   const int cl = c.row_split();
-  const double regs = forward_register_need(v, c, static_cast<int>(d.N), peeled(op, d, c.vec));
+  const double regs = forward_register_budget(v, c, static_cast<int>(d.N), peeled(op, d, c.vec));
   const std::int64_t slots =
       static_cast<std::int64_t>(std::max(1, dev.sm_count) / cl) * cl * resident_ctas(dev, c.threads(), regs, 0);
   return ceil_div(d.M, c.rows_per_pid) * cl <= slots;
@@ -156,7 +156,7 @@ double forward_ns(const NormDesc& d, const Variant& v, const LaunchConfig& c, co
   // The kernel is compiled to hold forward_min_blocks CTAs an SM (its
   // registers capped to fit them): the same count here, within the
   // device's thread and block limits.
-  const double regs = forward_register_need(v, c, static_cast<int>(d.N), peel);
+  const double regs = forward_register_budget(v, c, static_cast<int>(d.N), peel);
   const int r = resident_ctas(dev, T.threads, regs, 0);
   const double ctas = T.needed * T.cl;
   // A cluster starts only when a GPC has room for all of its CTAs at once:

@@ -189,12 +189,31 @@ int forward_register_need(const Variant& v, const LaunchConfig& c, int N, bool p
   return held_register_need(v, c, N, peel) + (weight_smem_bytes(v, c, N, peel) > 0 ? kPersistentRegisters : 0);
 }
 
+bool peel_two_ctas(const Variant& v, const LaunchConfig& c, int N, bool peel) {
+  // Left unbounded, ptxas gave a peeled row of 56 elements a thread 99-113
+  // registers (its even twin of the same chunks 64), one CTA an SM. Bounded
+  // to two (H200, A/B, no cache, v8.t512.r1): ln fp16 3000x16385 1.48x, ln
+  // bf16 8192x16385 1.44x, 1500x20003 1.29x, rms bf16 4096x20481 1.28x,
+  // 2048x24577 1.09x, ln fp16 2000x27775 (56 elements) 1.07x; rows of 64
+  // elements lost to their spills (rms fp16 300x30001 0.88x, 4000x30001
+  // and 1024x31999 0.92x).
+  return peel && v.quant == QuantScaling::None && !v.xgroup && !c.two_pass && c.threads() == 512 &&
+         c.row_split() == 1 && forward_iters(c, N, peel) * c.vec <= kPeelTwoCtaElems &&
+         ctas_for(c.threads(), forward_register_need(v, c, N, peel), late_res_rows(v, c, N, peel)) == 1;
+}
+
 int forward_min_blocks(const Variant& v, const LaunchConfig& c, int N, bool peel) {
   // Two-pass rows hold no row: ptxas's own choice is small (32 registers),
   // and a bound made it worse (64 and a stack frame for LayerNorm fp32).
   const bool keep_u = keeps_u_rows(v, c, N, peel);
   if ((v.quant != QuantScaling::None && !keep_u) || v.xgroup || c.two_pass) return 1;
+  if (peel_two_ctas(v, c, N, peel)) return 2;
   return ctas_for(c.threads(), forward_register_need(v, c, N, peel), keep_u || late_res_rows(v, c, N, peel));
+}
+
+int forward_register_budget(const Variant& v, const LaunchConfig& c, int N, bool peel) {
+  if (peel_two_ctas(v, c, N, peel)) return thread_register_cap(2 * c.threads());
+  return forward_register_need(v, c, N, peel);
 }
 
 std::int64_t backward_stage_bytes(const Variant& v, std::int64_t N, const LaunchConfig& c, bool dw_smem) {

@@ -104,7 +104,18 @@ inline constexpr int kDriverSmemPerCta = 1024;
 int forward_register_need(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
 /// Registers a thread of a `threads`-thread block may hold: 65536 a CTA, 255 a thread.
 int thread_register_cap(int threads);
+/// Peeled rows of one 512-thread CTA that forward_register_need leaves at one
+/// CTA an SM, holding at most kPeelTwoCtaElems elements a thread (unquantized,
+/// register rows): their prelude bounds them to two CTAs, 64 registers
+/// (ptxas spills 24-88 bytes of them).
+bool peel_two_ctas(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
+inline constexpr int kPeelTwoCtaElems = 56;
+/// The CTAs an SM holds of the forward kernel of `cfg`: the prelude's
+/// launch bound (NJ_MIN_BLOCKS where > 1).
 int forward_min_blocks(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
+/// The registers a thread of that kernel counts on: forward_register_need,
+/// or the two-CTA cap of peel_two_ctas (what the config model prices).
+int forward_register_budget(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
 
 /// Shared memory (bytes) a backward CTA under `cfg` stages its rows in: its
 /// cp.async stages of x and dy (cfg.stages rows of its slice each), and, when
