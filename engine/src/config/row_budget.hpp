@@ -104,10 +104,10 @@ inline constexpr int kDriverSmemPerCta = 1024;
 int forward_register_need(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
 /// Registers a thread of a `threads`-thread block may hold: 65536 a CTA, 255 a thread.
 int thread_register_cap(int threads);
-/// Peeled rows of one 512-thread CTA that forward_register_need leaves at one
-/// CTA an SM, holding at most kPeelTwoCtaElems elements a thread (unquantized,
-/// register rows): their prelude bounds them to two CTAs, 64 registers
-/// (ptxas spills 24-88 bytes of them).
+/// Peeled rows, one a 512-thread CTA, that forward_register_need leaves at
+/// one CTA an SM, holding at most kPeelTwoCtaElems elements a thread
+/// (unquantized register rows without a residual): their prelude bounds
+/// them to two CTAs, 64 registers (ptxas spills 24-88 bytes of them).
 bool peel_two_ctas(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
 inline constexpr int kPeelTwoCtaElems = 56;
 /// The CTAs an SM holds of the forward kernel of `cfg`: the prelude's
