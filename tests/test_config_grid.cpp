@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "config/config_grid.hpp"
+#include "config/row_budget.hpp"
 #include "core/shape_spec.hpp"
 #include "quant_args.cuh"
 #include "compile/specialization.hpp"
@@ -923,4 +924,35 @@ TEST_CASE("device_facts: an arch name's SM number and largest cluster") {
   CHECK(sm_of_arch("sm_80") == 80);
   CHECK(max_cluster_of_arch(sm_of_arch("sm_90a")) == kMaxCluster);
   CHECK(max_cluster_of_arch(sm_of_arch("sm_89")) == 1);
+}
+
+TEST_CASE("row_budget: peeled 512-thread rows of up to 56 elements a thread are bounded to two CTAs an SM") {
+  // Odd N: rows start anywhere in a vector (peeled).
+  auto desc = [](std::int64_t M, std::int64_t N, bool ln, bool residual) {
+    NormDesc d = make_desc(M, N, DType::BF16, DType::BF16);
+    if (ln) {
+      d.norm = NormKind::LayerNorm;
+      d.has_bias = true;
+    }
+    if (residual) d.residual = d.store_residual_out = true;
+    return d;
+  };
+  auto blocks = [](const NormDesc& d, const char* cfg) {
+    const LaunchConfig c = LaunchConfig::parse(cfg);
+    REQUIRE(peeled(Op::Forward, d, c.vec));
+    return forward_min_blocks(make_variant(Op::Forward, d), c, static_cast<int>(d.N), true);
+  };
+  // 7 chunks of 8 a thread (the view of 24577: 3073 chunks over 512 threads).
+  const NormDesc rms = desc(2048, 24577, false, false);
+  CHECK(blocks(rms, "v8.t512.r1") == 2);
+  CHECK(forward_register_budget(make_variant(Op::Forward, rms), LaunchConfig::parse("v8.t512.r1"), 24577, true) == 64);
+  CHECK(blocks(desc(3000, 16385, true, false), "v8.t512.r1") == 2);
+  // 64 elements a thread lost to their spills; residual rows and programs of
+  // several rows are left to the register estimate.
+  CHECK(blocks(desc(4000, 30001, false, false), "v8.t512.r1") == 1);
+  CHECK(blocks(desc(2048, 24577, true, true), "v8.t512.r1") == 1);
+  CHECK(blocks(desc(6108, 5333, true, false), "v8.t128.r4") != 2);
+  // Unpeeled twins keep their estimate.
+  const NormDesc even = desc(2048, 24576, false, false);
+  CHECK(forward_min_blocks(make_variant(Op::Forward, even), LaunchConfig::parse("v8.t512.r1"), 24576, false) == 1);
 }
