@@ -252,6 +252,8 @@ template <class S> struct FwdRow {
   __device__ __forceinline__ bool has(int col) const { return col >= lo && col < hi; }
   // Does the chunk at `col` lie wholly inside the row?
   __device__ __forceinline__ bool inner(int col) const { return col >= lo && col + S::VEC <= hi; }
+  // The column of a peeled row's last chunk (partial where not inner).
+  __device__ __forceinline__ int last_chunk() const { return (hi - 1) / S::VEC * S::VEC; }
   // Edge j of a peeled row in the slice [c0, c0 + slice) of a cluster's C:
   // j < VEC, the first chunk's column j; j < 2 VEC, the last chunk's column
   // j - VEC; -1 where that column is not in the row or its chunk is inner.
@@ -259,33 +261,25 @@ template <class S> struct FwdRow {
   // edges, the last CTA the last chunk's; else the CTA whose slice holds
   // the column.
   __device__ __forceinline__ int edge(int j, int c0, int slice, int C) const {
+    constexpr bool INNER = inner_slots_of<S>();
+    const bool first_cta = !INNER || c0 == 0, last_cta = !INNER || c0 == (C - 1) * slice;
     int p = -1;
-    const int last = (hi - 1) / S::VEC * S::VEC;
-    if constexpr (inner_slots_of<S>()) {
-      if (j < S::VEC) {
-        if (c0 == 0 && !inner(0)) p = j;
-      } else if (j < 2 * S::VEC && c0 == (C - 1) * slice && last > 0 && !inner(last)) {
-        p = last + j - S::VEC;
-      }
-      return p >= lo && p < hi ? p : -1;
-    } else {
-      if (j < S::VEC) {
-        if (!inner(0)) p = j;
-      } else if (j < 2 * S::VEC && last > 0 && !inner(last)) {
-        p = last + j - S::VEC;
-      }
-      return p >= lo && p < hi && p >= c0 && p < c0 + slice ? p : -1;
+    const int last = last_chunk();
+    if (j < S::VEC) {
+      if (first_cta && !inner(0)) p = j;
+    } else if (j < 2 * S::VEC && last_cta && last > 0 && !inner(last)) {
+      p = last + j - S::VEC;
     }
+    return p >= lo && p < hi && (INNER || (p >= c0 && p < c0 + slice)) ? p : -1;
   }
   // Elements of the row in the slice of `slice` columns at c0 (a cluster's
   // CTA; C of them): a peeled row's inner chunks in it (from base) and the
   // edges edge() gives that CTA.
   __device__ __forceinline__ int slice_count(int c0, int slice, int C) const {
     if constexpr (inner_slots_of<S>()) {
-      const int b = base + c0, e = base + c0 + slice, hf = hi / S::VEC * S::VEC;
+      const int b = base + c0, e = base + c0 + slice, hf = hi / S::VEC * S::VEC, last = last_chunk();
       int n = max(0, min(e, hf) - max(b, base));
       if (c0 == 0 && !inner(0)) n += min(S::VEC, hi) - lo;
-      const int last = (hi - 1) / S::VEC * S::VEC;
       if (c0 == (C - 1) * slice && last > 0 && !inner(last)) n += hi - last;
       return n;
     } else {

@@ -189,7 +189,12 @@ int forward_register_need(const Variant& v, const LaunchConfig& c, int N, bool p
   return held_register_need(v, c, N, peel) + (weight_smem_bytes(v, c, N, peel) > 0 ? kPersistentRegisters : 0);
 }
 
-bool peel_two_ctas(const Variant& v, const LaunchConfig& c, int N, bool peel) {
+namespace {
+// Peeled rows, one a 512-thread CTA, that forward_register_need (`need`)
+// leaves at one CTA an SM, holding at most kPeelTwoCtaElems elements a
+// thread, unquantized register rows without a residual: their prelude
+// bounds them to two CTAs, 64 registers (ptxas spills 24-88 bytes of them).
+bool peel_two_ctas(const Variant& v, const LaunchConfig& c, int N, bool peel, int need) {
   // Left unbounded, ptxas gave a peeled row of 56 elements a thread 99-113
   // registers (its even twin of the same chunks 64), one CTA an SM. Bounded
   // to two (H200, A/B, no cache, v8.t512.r1): ln fp16 3000x16385 1.48x, ln
@@ -201,21 +206,23 @@ bool peel_two_ctas(const Variant& v, const LaunchConfig& c, int N, bool peel) {
   // bf16 2048x24577:res 0.54x).
   return peel && v.quant == QuantScaling::None && !v.xgroup && !v.residual && !c.two_pass && c.threads() == 512 &&
          c.rows_per_pid == 1 && c.row_split() == 1 && forward_iters(c, N, peel) * c.vec <= kPeelTwoCtaElems &&
-         ctas_for(c.threads(), forward_register_need(v, c, N, peel), late_res_rows(v, c, N, peel)) == 1;
+         ctas_for(c.threads(), need, late_res_rows(v, c, N, peel)) == 1;
 }
+}  // namespace
 
 int forward_min_blocks(const Variant& v, const LaunchConfig& c, int N, bool peel) {
   // Two-pass rows hold no row: ptxas's own choice is small (32 registers),
   // and a bound made it worse (64 and a stack frame for LayerNorm fp32).
   const bool keep_u = keeps_u_rows(v, c, N, peel);
   if ((v.quant != QuantScaling::None && !keep_u) || v.xgroup || c.two_pass) return 1;
-  if (peel_two_ctas(v, c, N, peel)) return 2;
-  return ctas_for(c.threads(), forward_register_need(v, c, N, peel), keep_u || late_res_rows(v, c, N, peel));
+  const int need = forward_register_need(v, c, N, peel);
+  if (peel_two_ctas(v, c, N, peel, need)) return 2;
+  return ctas_for(c.threads(), need, keep_u || late_res_rows(v, c, N, peel));
 }
 
 int forward_register_budget(const Variant& v, const LaunchConfig& c, int N, bool peel) {
-  if (peel_two_ctas(v, c, N, peel)) return thread_register_cap(2 * c.threads());
-  return forward_register_need(v, c, N, peel);
+  const int need = forward_register_need(v, c, N, peel);
+  return peel_two_ctas(v, c, N, peel, need) ? thread_register_cap(2 * c.threads()) : need;
 }
 
 std::int64_t backward_stage_bytes(const Variant& v, std::int64_t N, const LaunchConfig& c, bool dw_smem) {

@@ -104,17 +104,16 @@ inline constexpr int kDriverSmemPerCta = 1024;
 int forward_register_need(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
 /// Registers a thread of a `threads`-thread block may hold: 65536 a CTA, 255 a thread.
 int thread_register_cap(int threads);
-/// Peeled rows, one a 512-thread CTA, that forward_register_need leaves at
-/// one CTA an SM, holding at most kPeelTwoCtaElems elements a thread
-/// (unquantized register rows without a residual): their prelude bounds
-/// them to two CTAs, 64 registers (ptxas spills 24-88 bytes of them).
-bool peel_two_ctas(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
+/// Elements a thread up to which a peeled 512-thread row that
+/// forward_register_need leaves at one CTA an SM is bounded to two
+/// (row_budget.cpp's peel_two_ctas; rows of 64 lost to their spills).
 inline constexpr int kPeelTwoCtaElems = 56;
 /// The CTAs an SM holds of the forward kernel of `cfg`: the prelude's
-/// launch bound (NJ_MIN_BLOCKS where > 1).
+/// launch bound (NJ_MIN_BLOCKS where > 1), the two of peel_two_ctas included.
 int forward_min_blocks(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
 /// The registers a thread of that kernel counts on: forward_register_need,
-/// or the two-CTA cap of peel_two_ctas (what the config model prices).
+/// or the two-CTA cap of a peeled row bounded to two (what the config model
+/// prices).
 int forward_register_budget(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
 
 /// Shared memory (bytes) a backward CTA under `cfg` stages its rows in: its
