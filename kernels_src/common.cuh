@@ -146,6 +146,76 @@ __device__ __forceinline__ void store_chunk(T* __restrict__ row, int col, const 
   }
 }
 
+// PEEL: defined only by the preludes of peeled rows (rows that start
+// anywhere in a vector: norm_fwd.cuh's FwdRow, norm_bwd.cuh's Cols), so the
+// others compile to the code they had. A function, not a data member: no
+// variable joins the other kernels' code.
+template <class S> constexpr auto peel_or0(int) -> decltype(S::PEEL + 0) { return S::PEEL; }
+template <class S> constexpr int peel_or0(long) { return 0; }
+template <class S> constexpr bool peel_of() { return peel_or0<S>(0) != 0; }
+
+// A peeled row's chunk at an aligned column `col` of which only columns
+// [lo, hi) belong to the row. Whole chunks move as one vector; the row's
+// first and last chunk element by element, so nothing outside the row is
+// read or written.
+template <int VEC, class T>
+__device__ __forceinline__ Vec<T, VEC> load_span(const T* __restrict__ row, int col, int lo, int hi) {
+  Vec<T, VEC> r;
+  if (col >= lo && col + VEC <= hi) {
+    r = *reinterpret_cast<const Vec<T, VEC>*>(row + col);
+  } else {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) r.v[k] = col + k >= lo && col + k < hi ? row[col + k] : from_float<T>(0.f);
+  }
+  return r;
+}
+
+template <int VEC, class T>
+__device__ __forceinline__ void store_span(T* __restrict__ row, int col, const Vec<T, VEC>& v, int lo, int hi) {
+  if (col >= lo && col + VEC <= hi) {
+    *reinterpret_cast<Vec<T, VEC>*>(row + col) = v;
+  } else {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k)
+      if (col + k >= lo && col + k < hi) row[col + k] = v.v[k];
+  }
+}
+
+// A peeled row's output pointer moved back to the vector boundary at or
+// before it: p - lo, since every row tensor starts at element lo of a
+// vector (the engine's fit_alignment). Masked, so the compiler sees the chunks'
+// addresses aligned: after `y -= lo` (lo being x's) it split each chunk's
+// store into 16- or 32-bit ones, 4 to 8 a chunk (rms bf16 512x100003: 2.1x
+// the time on an H100). The stores turn generic (the mask hides the address
+// space); an st.global in asm, whose memory clobber took the loads' .nc,
+// ran 12% slower on ln bf16 4096x5121 with a residual.
+template <int VEC, class T> __device__ __forceinline__ T* align_down(T* p) {
+  return reinterpret_cast<T*>(reinterpret_cast<unsigned long long>(p) & ~(unsigned long long)(VEC * sizeof(T) - 1));
+}
+
+// A vector of 4, 8 or 16 bytes stored to global memory at p, which the
+// caller knows to be aligned to its size where the compiler cannot (a
+// peeled row's pointer moved back by lo elements): a plain store there was
+// split into 2- and 4-byte ones, and one through a masked pointer
+// (align_down) became generic and took 28 more registers (norm_bwd.cuh's
+// peeled rows, v8.t128.c16). No "memory" clobber: the rows' loads may still
+// move past it (they never alias dx).
+template <class V> __device__ __forceinline__ void st_global(V* p, const V& v) {
+  static_assert(sizeof(V) == 4 || sizeof(V) == 8 || sizeof(V) == 16, "4, 8 or 16 bytes");
+  union {
+    V v;
+    unsigned w[sizeof(V) / 4];
+  } u{v};
+  const unsigned* w = u.w;
+  const size_t g = __cvta_generic_to_global(p);
+  if constexpr (sizeof(V) == 16)
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(g), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]));
+  else if constexpr (sizeof(V) == 8)
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(g), "r"(w[0]), "r"(w[1]));
+  else
+    asm volatile("st.global.b32 [%0], %1;" ::"l"(g), "r"(w[0]));
+}
+
 // Asynchronous global -> shared copies (sm_80+): the data lands in shared
 // memory without passing through registers, so rows can be prefetched
 // several deep at a small register cost. BYTES is 4, 8 or 16.
@@ -155,6 +225,16 @@ template <int BYTES> __device__ __forceinline__ void cp_async(void* smem, const 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
   else
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(s), "l"(gmem), "n"(BYTES) : "memory");
+}
+// The same, of which only the first `src_bytes` come from gmem and the rest
+// are zeros (a peeled row's last chunk: nothing past the row is read).
+template <int BYTES> __device__ __forceinline__ void cp_async_zfill(void* smem, const void* gmem, int src_bytes) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  if constexpr (BYTES == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(s), "l"(gmem), "n"(BYTES), "r"(src_bytes)
+                 : "memory");
 }
 // A whole vector of 4 bytes or more, 16 at a time.
 template <class V> __device__ __forceinline__ void cp_async_vec(V* smem, const V* gmem) {

@@ -58,8 +58,62 @@ template <class S> constexpr int kPartials = (S::HAS_W ? 1 : 0) + (S::HAS_B ? 1 
 // v1.t1024: 795 -> 743 us).
 template <class S> constexpr int kSums = S::LAYERNORM || kWarpsPerRow<S::TPR> < 8 ? 2 : 1;
 template <class S> using red_t = float[S::ROWS][kWarpsPerRow<S::TPR>][kSums<S>];
-template <class S> using Layout = RowLayout<S::N, S::VEC, S::TPR, S::CLUSTER>;
-template <class S> using Cols = ThreadCols<S::N, S::VEC, S::TPR, S::CLUSTER>;
+// PEEL: defined only by the preludes of rows whose tensors' rows do not
+// start at a vector boundary (odd N, or strides no multiple of VEC; engine:
+// config_grid.hpp's peeled). A thread's chunks are aligned vectors of the
+// row's view (VEC - 1 columns more, the row at columns [lo, lo + N) of it),
+// and since every row of a row group starts at the same lo (the engine
+// makes a program's row step a whole number of vectors), the weight and the
+// dw / db sums are shifted to the view once a program: each row moves as
+// whole vectors but for its first and last chunk, as an unpeeled row does.
+// (common.cuh's peel_of).
+template <class S> constexpr int bwd_span_of() { return S::N + (peel_of<S>() ? S::VEC - 1 : 0); }
+
+template <class S> using Layout = RowLayout<bwd_span_of<S>(), S::VEC, S::TPR, S::CLUSTER>;
+// Every chunk of every thread whole and inside the row: no guards at all.
+template <class S> constexpr bool kExact = Layout<S>::EXACT && !peel_of<S>();
+
+// The columns of one thread (ThreadCols over the row's span), and a peeled
+// row's lo: its chunks of the view in the row are those in_row, whole
+// those wholly inside it.
+template <class S> struct Cols : ThreadCols<bwd_span_of<S>(), S::VEC, S::TPR, S::CLUSTER> {
+  using L = RowLayout<bwd_span_of<S>(), S::VEC, S::TPR, S::CLUSTER>;
+  int lo;  // 0 unless peeled
+  // A peeled row's edges, whatever its lo, are view chunks 0 and C1 or
+  // C1 + 1 (its last element at column lo + N - 1): a chunk slot i of a CTA
+  // may hold one only where these land, which the compiler knows once the
+  // loops over i unroll. Every other slot holds a whole chunk or none, and
+  // moves as an unpeeled row's does: tested at every slot, the edges' checks
+  // took 45 more registers (ptxas kept their predicates across the rows).
+  static constexpr int C1 = (S::N - 1) / S::VEC;
+  static constexpr bool at_slot(int chunk, int i) {
+    return chunk < L::CHUNKS && chunk % L::SLICE_CHUNKS / S::TPR == i;
+  }
+  static constexpr bool may_edge(int i) { return peel_of<S>() && (i == 0 || at_slot(C1, i) || at_slot(C1 + 1, i)); }
+  __device__ __forceinline__ bool in_row(int i) const {
+    if constexpr (peel_of<S>()) return this->in(i) && (!at_slot(C1 + 1, i) || this->col(i) < lo + S::N);
+    else return this->in(i);
+  }
+  __device__ __forceinline__ bool whole(int i) const {
+    return !may_edge(i) || (this->col(i) >= lo && this->col(i) + S::VEC <= lo + S::N);
+  }
+  // Column col + k of the view in the row, as a column of the row (or -1).
+  __device__ __forceinline__ int row_col(int col, int k) const { return row_col(col, k, lo); }
+  static __device__ __forceinline__ int row_col(int col, int k, int lo) {
+    const int c = col + k - lo;
+    return c >= 0 && c < S::N ? c : -1;
+  }
+  // lo as a value the compiler cannot trace to the one the weight was
+  // loaded with: the end of a program computes the same columns again, and
+  // ptxas, sharing them, kept ITERS x VEC of them (and their predicates)
+  // live across all the rows (rms bf16 N = 30001 v4.t128.c16: 142
+  // registers, 96 without; its unpeeled twin 96).
+  __device__ __forceinline__ int opaque_lo() const {
+    int r;
+    asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(lo));
+    return r;
+  }
+};
 
 // The program (CTA, or cluster) this CTA belongs to, and how many there are:
 // each owns one partial row of dw (and of db).
@@ -137,9 +191,19 @@ template <class S> struct BwdRow : XScales<xgroup_of<S>(), Layout<S>::ITERS, S::
 #pragma unroll
     for (int i = 0; i < L::ITERS; ++i) {
       const int col = tc.col(i);
-      if (valid && tc.in(i)) {
-        x[i] = load_chunk<S::N, S::VEC>(xr, col, L::EXACT);
-        dy[i] = load_chunk<S::N, S::VEC>(dyr, col, L::EXACT);
+      if (valid && tc.in_row(i)) {
+        if constexpr (peel_of<S>()) {  // the view's chunk: the row's edges element by element
+          if (tc.whole(i)) {
+            x[i] = *reinterpret_cast<const Vec<typename S::x_t, S::VEC>*>((xr - tc.lo) + col);
+            dy[i] = *reinterpret_cast<const Vec<typename S::y_t, S::VEC>*>((dyr - tc.lo) + col);
+          } else {
+            x[i] = load_span<S::VEC>((xr - tc.lo), col, tc.lo, tc.lo + S::N);
+            dy[i] = load_span<S::VEC>((dyr - tc.lo), col, tc.lo, tc.lo + S::N);
+          }
+        } else {
+          x[i] = load_chunk<S::N, S::VEC>(xr, col, L::EXACT);
+          dy[i] = load_chunk<S::N, S::VEC>(dyr, col, L::EXACT);
+        }
         this->load_scale(a, rr, i, col, true);
       } else {
         this->load_scale(a, rr, i, col, false);
@@ -167,7 +231,13 @@ template <class S, bool IN_SMEM = S::DW_SMEM> struct DwShare {
       const int col = tc.col(i);
       if constexpr (S::HAS_W) {
         Vec<typename S::w_t, S::VEC> wv;
-        if (tc.in(i)) {
+        if constexpr (peel_of<S>()) {  // shifted to the view of the thread's rows, once
+#pragma unroll
+          for (int k = 0; k < S::VEC; ++k) {
+            const int c = tc.in(i) ? tc.row_col(col, k) : -1;
+            wv.v[k] = c >= 0 ? w[c] : from_float<typename S::w_t>(0.f);
+          }
+        } else if (tc.in(i)) {
           wv = load_chunk<S::N, S::VEC>(w, col, L::EXACT);
         } else {
 #pragma unroll
@@ -197,7 +267,7 @@ template <class S, bool IN_SMEM = S::DW_SMEM> struct DwShare {
   __device__ __forceinline__ void add(int i, int col, const float (&dw)[S::VEC], const float (&db)[S::VEC]) {
 #pragma unroll
     for (int k = 0; k < S::VEC; ++k)
-      if (Layout<S>::EXACT || col + k < S::N) {
+      if (Layout<S>::EXACT || peel_of<S>() || col + k < S::N) {  // (a peeled row's dy is 0 past it)
         if constexpr (S::HAS_W) aw[i][k] += dw[k];
         if constexpr (S::HAS_B) ab[i][k] += db[k];
       }
@@ -209,6 +279,7 @@ template <class S, bool IN_SMEM = S::DW_SMEM> struct DwShare {
 };
 
 template <class S> struct DwShare<S, true> {
+  static_assert(!peel_of<S>(), "peeled rows keep dw in registers");
   // A cluster CTA keeps only its slice's columns; `s` and `ws` point at the
   // slice's first column, so they are indexed by the column minus c0.
   static constexpr int SL = Layout<S>::SLICE;
@@ -286,6 +357,7 @@ template <class S> __device__ __forceinline__ void emit(const NormArgs& a, int p
 // in a 32-byte aligned workspace, keep it aligned, and a vector is wholly in
 // or past the row).
 template <class S> constexpr int partial_vec() {
+  if constexpr (peel_of<S>()) return 1;  // (written element by element, shifted back to the row)
   return S::VEC % 4 == 0 && S::N % 4 == 0 ? 4 : S::VEC % 2 == 0 && S::N % 2 == 0 ? 2 : 1;
 }
 
@@ -304,7 +376,7 @@ __device__ __forceinline__ void bwd_row(const NormArgs& a, const BwdRow<S>& R, S
     share.weights(i, col, tc.in(i), wk);
 #pragma unroll
     for (int k = 0; k < S::VEC; ++k)
-      if (L::EXACT || (tc.in(i) && col + k < S::N)) {
+      if (kExact<S> || (tc.in_row(i) && (peel_of<S>() || col + k < S::N))) {  // (peeled: 0 outside the row)
         const float g = to_float(R.dy[i].v[k]) * wk[k];
         c[0] += g * (R.xv(i, k) - R.mu);
         if constexpr (S::LAYERNORM) c[1] += g;
@@ -315,12 +387,20 @@ __device__ __forceinline__ void bwd_row(const NormArgs& a, const BwdRow<S>& R, S
   const float c2 = c[0] * R.r * (1.0f / S::N), c1 = S::LAYERNORM ? c[1] * (1.0f / S::N) : 0.f;
   auto* dxr = static_cast<typename S::dx_t*>(a.dx) + row_offset<S::HEADS, index_t>(row, a.dx_ld, a.dx_hs, a.heads);
   const auto* drr = static_cast<const typename S::ro_t*>(a.dresidual) + (S::DRES ? (index_t)row * (index_t)a.dres_ld : 0);
+  constexpr bool PEEL = peel_of<S>();
+  if constexpr (PEEL) {  // the rows' view: aligned vectors, the row at [lo, lo + N)
+    dxr -= tc.lo;
+    drr -= tc.lo;
+  }
 #pragma unroll
   for (int i = 0; i < L::ITERS; ++i) {
     const int col = tc.col(i);
-    if (tc.in(i)) {
+    if (tc.in_row(i)) {
       Vec<typename S::ro_t, S::VEC> dr;
-      if constexpr (S::DRES) dr = load_chunk<S::N, S::VEC>(drr, col, L::EXACT);
+      if constexpr (S::DRES && PEEL)
+        dr = tc.whole(i) ? *reinterpret_cast<const Vec<typename S::ro_t, S::VEC>*>(drr + col)
+                         : load_span<S::VEC>(drr, col, tc.lo, tc.lo + S::N);
+      else if constexpr (S::DRES) dr = load_chunk<S::N, S::VEC>(drr, col, L::EXACT);
       Vec<typename S::dx_t, S::VEC> dxv;
       float wk[S::VEC], dw[S::VEC], db[S::VEC];
       share.weights(i, col, true, wk);
@@ -335,7 +415,11 @@ __device__ __forceinline__ void bwd_row(const NormArgs& a, const BwdRow<S>& R, S
         db[k] = d;
       }
       share.add(i, col, dw, db);
-      store_chunk<S::N, S::VEC>(dxr, col, dxv, L::EXACT);
+      if constexpr (PEEL) {
+        if (tc.whole(i)) st_global(reinterpret_cast<Vec<typename S::dx_t, S::VEC>*>(dxr + col), dxv);
+        else store_span<S::VEC>(dxr, col, dxv, tc.lo, tc.lo + S::N);
+      }
+      else store_chunk<S::N, S::VEC>(dxr, col, dxv, L::EXACT);
     }
   }
 }
@@ -349,7 +433,18 @@ __device__ __forceinline__ void emit_sums(const NormArgs& a, const Share& share,
   constexpr int P = kPartials<S>;
   if constexpr (P == 0) return;
   constexpr int PV = partial_vec<S>();
-  if constexpr (S::ROWS == 1) {
+  const int lo = peel_of<S>() ? tc.opaque_lo() : 0;
+  if constexpr (peel_of<S>() && S::ROWS == 1) {  // the view's columns back to the row's
+#pragma unroll
+    for (int p = 0; p < P; ++p)
+#pragma unroll
+      for (int i = 0; i < L::ITERS; ++i)
+#pragma unroll
+        for (int k = 0; k < S::VEC; ++k) {
+          const int c = tc.in_row(i) ? Cols<S>::row_col(tc.col(i), k, lo) : -1;
+          if (c >= 0) emit<S>(a, p, c, share.total(p, i, k, tc.col(i) + k));
+        }
+  } else if constexpr (S::ROWS == 1) {
 #pragma unroll
     for (int p = 0; p < P; ++p)
 #pragma unroll
@@ -375,7 +470,13 @@ __device__ __forceinline__ void emit_sums(const NormArgs& a, const Share& share,
             const int col = tc.col(i);
 #pragma unroll
             for (int k = 0; k < S::VEC; ++k)
-              if (L::EXACT || (tc.in(i) && col + k < S::N)) {
+              if constexpr (peel_of<S>()) {  // a peeled row group's view column back to the row's
+                const int c = tc.in_row(i) ? Cols<S>::row_col(col, k, lo) : -1;
+                if (c >= 0) {
+                  float& s = smem[p * S::N + c];
+                  s = (g == 0 ? 0.f : s) + share.total(p, i, k, col + k);
+                }
+              } else if (L::EXACT || (tc.in(i) && col + k < S::N)) {
                 float& s = smem[p * S::N + col + k];
                 s = (g == 0 ? 0.f : s) + share.total(p, i, k, col + k);
               }
@@ -410,11 +511,20 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
   const long long M = a.M;
   const long long pid = nj::program_id<S>();
   const long long step = nj::num_programs<S>() * S::ROWS;
-  const nj::Cols<S> tc{S::CLUSTER > 1 ? static_cast<int>(nj::cluster_rank()) * L::SLICE : 0, lane};
+  constexpr bool PEEL = nj::peel_of<S>();
+  static_assert(!PEEL || (!S::TWO_PASS && !S::HEADS && nj::xgroup_of<S>() == 0),
+                "peeled rows: one pass, 2-D rows, no FP8 x");
+  int lo = 0;  // a peeled row group's: where each of its rows starts in a vector (the same for all)
+  if constexpr (PEEL) {
+    const long long r0 = pid * S::ROWS + rg < M ? pid * S::ROWS + rg : 0;
+    lo = static_cast<int>(reinterpret_cast<unsigned long long>(static_cast<const x_t*>(a.x) + (index_t)r0 * (index_t)a.x_ld) /
+                          sizeof(x_t) % S::VEC);
+  }
+  const nj::Cols<S> tc{{S::CLUSTER > 1 ? static_cast<int>(nj::cluster_rank()) * L::SLICE : 0, lane}, lo};
   const w_t* w = static_cast<const w_t*>(a.w);
 
   if constexpr (S::STAGES > 0 && !S::TWO_PASS) {
-    static_assert(S::N % S::VEC == 0, "staged rows need whole chunks");
+    static_assert(S::N % S::VEC == 0 || PEEL, "staged rows need whole chunks");
     constexpr int XB = S::VEC * sizeof(x_t), YB = S::VEC * sizeof(y_t);
     // Layout: [stage][row group][SLICE] of x, then the same of dy. Each
     // thread copies exactly the chunks it later reads, so cp.async.wait_group
@@ -432,7 +542,21 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
 #pragma unroll
         for (int i = 0; i < L::ITERS; ++i) {
           const int col = tc.col(i);
-          if (tc.in(i)) {
+          if constexpr (PEEL) {
+            // The view's chunks, whole from the vector boundary before the
+            // row (its first chunk's lo columns are masked where read); the
+            // last as far as the row goes, zeros after it.
+            if (tc.in_row(i)) {
+              if (!nj::Cols<S>::may_edge(i)) {
+                nj::cp_async<XB>(xs + off + col, (xr - tc.lo) + col);
+                nj::cp_async<YB>(dys + off + col, (dyr - tc.lo) + col);
+              } else {
+                const int n = tc.lo + S::N - col < S::VEC ? tc.lo + S::N - col : S::VEC;
+                nj::cp_async_zfill<XB>(xs + off + col, (xr - tc.lo) + col, n * (int)sizeof(x_t));
+                nj::cp_async_zfill<YB>(dys + off + col, (dyr - tc.lo) + col, n * (int)sizeof(y_t));
+              }
+            }
+          } else if (tc.in(i)) {
             nj::cp_async<XB>(xs + off + col, xr + col);
             nj::cp_async<YB>(dys + off + col, dyr + col);
           }
@@ -459,10 +583,22 @@ template <class S> __device__ __forceinline__ void norm_bwd(const nj::NormArgs& 
       next.stats(a, row + step);  // one row ahead
       nj::cp_async_wait<S::STAGES - 1>();  // this row's copies have landed
       const int off = ((k % S::STAGES) * S::ROWS + rg) * SL - tc.c0;
+      // The view's first chunk: the lo columns before the row read as 0 (in
+      // shared memory: masked in registers, the chunks were kept unpacked).
+      // Braced: unbraced, NVRTC took the loop below into the discarded
+      // statement, and every unpeeled staged kernel lost its rows.
+      if constexpr (PEEL) {
+        if (tc.col(0) < tc.lo) {
+          for (int j = 0; j < tc.lo; ++j) {
+            xs[off + j] = nj::from_float<x_t>(0.f);
+            dys[off + j] = nj::from_float<y_t>(0.f);
+          }
+        }
+      }
 #pragma unroll
       for (int i = 0; i < L::ITERS; ++i) {
         const int col = tc.col(i);
-        if (tc.in(i)) {
+        if (tc.in_row(i)) {
           cur.x[i] = *reinterpret_cast<const nj::Vec<x_t, S::VEC>*>(xs + off + col);
           cur.dy[i] = *reinterpret_cast<const nj::Vec<y_t, S::VEC>*>(dys + off + col);
           cur.load_scale(a, cur.valid ? row : 0, i, col, true);
@@ -771,7 +907,7 @@ template <class S> __device__ __forceinline__ void norm_bwd_dc(const nj::NormArg
   const unsigned rank = nj::cluster_rank();
   const int c0 = static_cast<int>(rank) * SL;
   const int grp = threadIdx.x / S::TPR;
-  const nj::Cols<S> tc{c0, static_cast<int>(threadIdx.x % S::TPR)};
+  const nj::Cols<S> tc{{c0, static_cast<int>(threadIdx.x % S::TPR)}, 0};
   const long long M = a.M;
   // Chunks of this CTA's slice that lie in the row (the last CTAs' may end early).
   const int rest = S::N / V - static_cast<int>(rank) * SLC;

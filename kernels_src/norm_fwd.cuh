@@ -35,12 +35,6 @@
 
 namespace nj {
 
-// PEEL: defined only by the preludes of peeled rows (see FwdRow), so the
-// others compile to the code they had. A function, not a data member: no
-// variable joins the other kernels' code.
-template <class S> constexpr auto peel_or0(int) -> decltype(S::PEEL + 0) { return S::PEEL; }
-template <class S> constexpr int peel_or0(long) { return 0; }
-template <class S> constexpr bool peel_of() { return peel_or0<S>(0) != 0; }
 // The columns a row's chunk slots cover (RowLayout's N; the engine's
 // row_span). A peeled row's chunks cover its view, the VEC - 1 columns
 // before it too, whose partial first and last chunk are edges, held apart
@@ -91,45 +85,6 @@ template <class S> constexpr int wb_batch_or(long) { return 1; }
 // define it.
 template <class S> constexpr auto wb_smem_or(int) -> decltype(S::WB_SMEM + 0) { return S::WB_SMEM; }
 template <class S> constexpr bool wb_smem_or(long) { return false; }
-// A peeled row's chunk at an aligned column `col` of which only columns
-// [lo, hi) belong to the row. Whole chunks move as one vector; the row's
-// first and last chunk element by element, so nothing outside the row is
-// read or written.
-template <int VEC, class T>
-__device__ __forceinline__ Vec<T, VEC> load_span(const T* __restrict__ row, int col, int lo, int hi) {
-  Vec<T, VEC> r;
-  if (col >= lo && col + VEC <= hi) {
-    r = *reinterpret_cast<const Vec<T, VEC>*>(row + col);
-  } else {
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) r.v[k] = col + k >= lo && col + k < hi ? row[col + k] : from_float<T>(0.f);
-  }
-  return r;
-}
-
-template <int VEC, class T>
-__device__ __forceinline__ void store_span(T* __restrict__ row, int col, const Vec<T, VEC>& v, int lo, int hi) {
-  if (col >= lo && col + VEC <= hi) {
-    *reinterpret_cast<Vec<T, VEC>*>(row + col) = v;
-  } else {
-#pragma unroll
-    for (int k = 0; k < VEC; ++k)
-      if (col + k >= lo && col + k < hi) row[col + k] = v.v[k];
-  }
-}
-
-// A peeled row's output pointer moved back to the vector boundary at or
-// before it: p - lo, since every row tensor starts at element lo of a
-// vector (fit_forward_alignment). Masked, so the compiler sees the chunks'
-// addresses aligned: after `y -= lo` (lo being x's) it split each chunk's
-// store into 16- or 32-bit ones, 4 to 8 a chunk (rms bf16 512x100003: 2.1x
-// the time on an H100). The stores turn generic (the mask hides the address
-// space); an st.global in asm, whose memory clobber took the loads' .nc,
-// ran 12% slower on ln bf16 4096x5121 with a residual.
-template <int VEC, class T> __device__ __forceinline__ T* align_down(T* p) {
-  return reinterpret_cast<T*>(reinterpret_cast<unsigned long long>(p) & ~(unsigned long long)(VEC * sizeof(T) - 1));
-}
-
 // Does the chunk at `col` lie wholly inside the row (a peeled row's inner
 // chunks; every chunk of an unpeeled one)? A function: written inline in
 // the conditions, the unpeeled kernels compiled to other machine code.

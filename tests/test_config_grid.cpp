@@ -241,14 +241,17 @@ TEST_CASE("config_grid: max_vec is 16 bytes of the widest dtype, capped by N and
   CHECK(max_vec(Op::Forward, make_desc(8, 4096, DType::F16)) == 8);
   CHECK(max_vec(Op::Forward, make_desc(8, 4096, DType::F32)) == 4);
   CHECK(max_vec(Op::Forward, make_desc(8, 4096, DType::BF16, DType::F32)) == 4);
-  CHECK(max_vec(Op::Backward, make_desc(8, 3)) == 1);  // rows 3 elements apart
+  NormDesc qk = make_desc(8, 3);  // 3-D rows 3 elements apart: the backward does not peel them
+  qk.heads = 2;
+  CHECK(max_vec(Op::Backward, qk) == 1);
   NormDesc padded = make_desc(8, 3);
   padded.x_stride = padded.y_stride = 4;
   CHECK(max_vec(Op::Forward, padded) == 4);
   CHECK(max_vec(Op::Forward, make_desc(8, 1)) == 1);
-  CHECK(max_vec(Op::Backward, make_desc(8, 100003)) == 1);
-  CHECK(max_vec(Op::Backward, make_desc(8, 20004)) == 4);
-  // Forward rows of plain dtypes peel instead: odd strides keep whole vectors.
+  qk.N = 20004;
+  CHECK(max_vec(Op::Backward, qk) == 4);
+  // Rows of plain dtypes peel instead: odd strides keep whole vectors.
+  CHECK(max_vec(Op::Backward, make_desc(8, 100003)) == 8);
   CHECK(max_vec(Op::Forward, make_desc(8, 3)) == 4);
   CHECK(max_vec(Op::Forward, make_desc(8, 100003)) == 8);
   // Quantized rows whose scale is the row's or the tensor's peel too (FP8 y:
@@ -274,7 +277,7 @@ TEST_CASE("config_grid: forward rows whose strides are no multiple of vec are pe
   CHECK(peeled(Op::Forward, odd, 8));
   CHECK(peeled(Op::Forward, odd, 2));
   CHECK_FALSE(peeled(Op::Forward, odd, 1));
-  CHECK_FALSE(peeled(Op::Backward, odd, 8));
+  CHECK(peeled(Op::Backward, odd, 8));
   CHECK_FALSE(peeled(Op::Forward, make_desc(64, 4096), 8));
   NormDesc padded = odd;
   padded.x_stride = padded.y_stride = 12352;  // rows aligned: only the tail is short
@@ -288,7 +291,8 @@ TEST_CASE("config_grid: forward rows whose strides are no multiple of vec are pe
   CHECK(row_span(Op::Forward, odd, LaunchConfig::parse("v8.t256.r1.c4")) == 8 * 1543);
   CHECK(row_span(Op::Forward, make_desc(64, 5), LaunchConfig::parse("v8.t32.r1.c2")) == 8);
   CHECK(row_span(Op::Forward, odd, LaunchConfig::parse("v1.t256.r1")) == 12345);
-  CHECK(row_span(Op::Backward, odd, LaunchConfig::parse("v8.t256.r1.c4")) == 12345);
+  // A peeled backward row's slots cover its view in clusters too.
+  CHECK(row_span(Op::Backward, odd, LaunchConfig::parse("v8.t256.r1.c4")) == 12345 + 7);
   // The grid of an odd N has whole vectors, and the spec says PEEL.
   const auto grid = candidate_grid(Op::Forward, odd, kMaxCluster);
   const auto decode_grid = candidate_grid(Op::Forward, make_desc(32, 12345), kMaxCluster);  // clusters at M <= 32
@@ -306,6 +310,61 @@ TEST_CASE("config_grid: forward rows whose strides are no multiple of vec are pe
   // A row's share counts the columns before it: 12352 / 8 / 256 = 7 vectors a thread.
   CHECK_FALSE(config_valid(Op::Forward, odd, cfg(8, 128, 1)));  // 13 vectors of 16 bytes
   CHECK(config_valid(Op::Forward, odd, cfg(8, 256, 1)));
+}
+
+TEST_CASE("config_grid: peeled backward rows take one pass with dweight in registers, many rows a program a whole number of vectors apart") {
+  const NormDesc odd = make_desc(4096, 12345);
+  const auto grid = candidate_grid(Op::Backward, odd, kMaxCluster);
+  auto count = [&](auto pred) { return std::count_if(grid.begin(), grid.end(), pred); };
+  // Peeled configs of 8 and 4 elements, one pass through registers or stages;
+  // two-pass rows and one-cluster grids keep 1-element vectors.
+  CHECK(count([&](const LaunchConfig& c) { return c.vec == 8 && c.stages == 0; }) > 0);
+  CHECK(count([&](const LaunchConfig& c) { return c.vec == 8 && c.stages >= 2; }) > 0);
+  CHECK(count([&](const LaunchConfig& c) { return c.vec > 1 && (c.two_pass || c.dw_cluster); }) == 0);
+  CHECK(count([&](const LaunchConfig& c) { return c.vec == 1; }) > 0);
+  CHECK(count([&](const LaunchConfig& c) { return c.vec > 1 && dweight_in_smem(Op::Backward, odd, c); }) == 0);
+  // Rows of 2 mod 4 elements keep 2-element vectors, and their one-cluster
+  // decode grids.
+  const auto decode = candidate_grid(Op::Backward, make_desc(2, 8190, DType::F16, DType::F16), kMaxCluster);
+  CHECK(std::any_of(decode.begin(), decode.end(), [](const LaunchConfig& c) { return c.vec == 2 && c.dw_cluster; }));
+  std::string why;
+  CHECK_FALSE(config_valid(Op::Backward, odd, LaunchConfig::parse("v8.t1024.r1.2p"), &why, kMaxCluster));
+  CHECK(why.find("not aligned to vectors of 8") != std::string::npos);
+  CHECK(config_valid(Op::Backward, odd, LaunchConfig::parse("v1.t1024.r1.2p"), nullptr, kMaxCluster) ==
+        config_valid(Op::Backward, make_desc(4096, 12344), LaunchConfig::parse("v1.t1024.r1.2p"), nullptr, kMaxCluster));
+  // Its stages hold the view: 12352 columns of x and dy a stage.
+  const KernelSpec s = make_spec(Op::Backward, odd, LaunchConfig::parse("v8.t512.r1.c2.s2"));
+  CHECK(s.peel);
+  CHECK(s.source().find("PEEL = true") != std::string::npos);
+  CHECK(s.dynamic_smem() == 2 * 12352 / 2 * 4);
+  // A program's rows start at one column of a vector: the row step
+  // (programs x rows_per_pid rows) is a multiple of vec rows of 12345.
+  for (int per_sm : {1, 2, 3, 5}) {
+    CAPTURE(per_sm);
+    for (const char* c : {"v8.t512.r1.s2", "v8.t64.r2", "v4.t128.r1.c4.s2"}) {
+      CAPTURE(c);
+      const LaunchConfig lc = LaunchConfig::parse(c);
+      const Geometry g = launch_geometry(Op::Backward, odd, lc, 132, per_sm);
+      CAPTURE(g.programs);
+      CHECK(g.programs * lc.rows_per_pid % lc.vec == 0);
+      CHECK(g.programs * lc.cluster <= 132 * per_sm);
+      CHECK(g.programs * lc.cluster > 132 * per_sm - lc.vec * lc.cluster);
+    }
+  }
+  // Rows whose stride leaves a factor of 2 in common with 8 step by 4 rows;
+  // a grid that holds every row (one each) and unpeeled rows keep theirs.
+  CHECK(launch_geometry(Op::Backward, make_desc(4096, 12346), LaunchConfig::parse("v8.t512.r1.s2"), 131, 1).programs == 128);
+  CHECK(launch_geometry(Op::Backward, make_desc(100, 12345), LaunchConfig::parse("v8.t512.r1.s2"), 132, 1).programs == 100);
+  CHECK(launch_geometry(Op::Backward, make_desc(4096, 12344), LaunchConfig::parse("v8.t512.r1.s2"), 131, 1).programs == 131);
+  // The config model leaves them to tuning: its pick is a 1-element
+  // vector, as before backward rows peeled (without the rule, a peeled v4).
+  const LaunchConfig m = heuristic_config(Op::Backward, odd, normjit_test::test_facts());
+  CHECK_FALSE(peeled(Op::Backward, odd, m.vec));
+  CHECK(m.vec == 1);
+  // 3-D rows and FP8 x do not peel.
+  NormDesc heads = odd;
+  heads.heads = 3;
+  CHECK_FALSE(peeled(Op::Backward, heads, 8));
 }
 
 TEST_CASE("config_grid: fit_forward_alignment keeps a peeled row's vectors where its tensors agree") {

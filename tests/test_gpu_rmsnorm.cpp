@@ -234,8 +234,8 @@ GPU_TEST_CASE("peeled rows: x and y (dy and dx) starting at any element of a vec
                         {64, 12345, 3, 3, 1, bf16},  {300, 77, 5, 5, 0, f32},    {300, 77, 2, 2, 0, mixed},
                         {2, 100003, 7, 7, 0, bf16},  {4096, 4099, 0, 0, 0, bf16}};
   for (const Case& k : cases) check_forward(k.M, k.N, k.c, {}, {k.x_off, k.y_off, k.w_off});
-  // The backward does not peel: the same tensors (dy and dx at y_off) lower
-  // its vectors to what every row allows.
+  // The backward peels too where x, dy and dx (dy and dx at y_off here)
+  // start at the same element of a vector, else narrows its vectors.
   for (const Case& k : cases) check_backward(k.M, k.N, k.c, {}, {k.x_off, k.y_off, k.w_off});
 }
 

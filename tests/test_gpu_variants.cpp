@@ -182,6 +182,60 @@ GPU_TEST_CASE("variants: every forward candidate of peeled rows (odd N) matches 
   if (dev.max_cluster > 1) CHECK(paths.count("cluster"));
 }
 
+GPU_TEST_CASE("variants: every backward candidate of peeled rows (odd N) matches the reference") {
+  // Rows that start anywhere in a vector, on every peeled kernel path the
+  // grids offer: rows in registers and through stages, one and several per
+  // program, a cluster's slices; programs of many rows (their row step a
+  // whole number of vectors), dresidual added, a LayerNorm's dbias.
+  const DeviceInfo dev = device_info(current_device());
+  NormDesc rms = normjit_test::make_desc(37, 12345, DType::BF16, DType::BF16);
+  NormDesc ln = normjit_test::make_desc(1000, 4099, DType::F16, DType::F16);
+  ln.norm = NormKind::LayerNorm;
+  ln.has_bias = true;
+  ln.residual = ln.store_residual_out = ln.has_dresidual = true;
+  NormDesc narrow = normjit_test::make_desc(3000, 77, DType::F32, DType::F32);
+  NormDesc wide = normjit_test::make_desc(3, 100003, DType::BF16, DType::BF16);
+  KernelCache jit(suite_kernel_dir());
+  std::vector<std::pair<NormDesc, std::vector<LaunchConfig>>> runs;
+  std::vector<KernelSpec> specs;
+  for (const NormDesc& d : {rms, ln, narrow, wide}) {
+    std::vector<LaunchConfig> configs;
+    for (const auto& c : test_grid(Op::Backward, d, dev.max_cluster))
+      if (peeled(Op::Backward, d, c.vec) && c.programs_per_sm == 0) {  // (a launch parameter)
+        configs.push_back(c);
+        specs.push_back(make_spec(Op::Backward, d, c));
+      }
+    runs.emplace_back(d, configs);
+    specs.push_back(finalize_spec(d));
+  }
+  compile_all(specs);
+  std::set<std::string> paths;
+  for (const auto& [d, configs] : runs) {
+    const std::uint64_t seed = fresh_seed();
+    CAPTURE(d.str());
+    CAPTURE(seed);
+    CHECK(!configs.empty());
+    Scratch s(Op::Backward, d, seed);
+    const Reference ref = reference_outputs(Op::Backward, d, s);
+    for (const auto& cfg : configs) {
+      CAPTURE(cfg.str());
+      if (!launch_candidate(jit, dev, Op::Backward, d, cfg, s)) continue;
+      for (const auto& c : compare_outputs(s, ref)) {
+        CAPTURE(c.name);
+        CHECK(c.err <= c.tol);
+      }
+      paths.insert(cfg.cluster > 1 ? "cluster" : cfg.rows_per_pid > 1 ? "rows" : "row");
+      paths.insert(cfg.stages ? "staged" : "registers");
+    }
+  }
+  // Every kernel path ran (clusters only where the device has them).
+  for (const char* p : {"row", "rows", "staged", "registers"}) {
+    CAPTURE(p);
+    CHECK(paths.count(p));
+  }
+  if (dev.max_cluster > 1) CHECK(paths.count("cluster"));
+}
+
 GPU_TEST_CASE("variants: the LayerNorm backward is deterministic") {
   NormDesc d = normjit_test::make_desc(3000, 4096, DType::BF16, DType::BF16);
   d.norm = NormKind::LayerNorm;

@@ -183,7 +183,11 @@ struct Engine::Impl {
                               const std::string& key, ConfigSource* src) {
     ConfigSource s = ConfigSource::Memory;
     LaunchConfig cfg;
-    if (auto it = st.resolved.find(key); it != st.resolved.end()) {
+    // A key names rows of N, not their strides: a config resolved for rows
+    // that start on vector boundaries may not hold rows that peel (padded
+    // or odd strides: config_grid.hpp's peeled), and is resolved again.
+    const auto it = st.resolved.find(key);
+    if (it != st.resolved.end() && config_valid(op, d, it->second, nullptr, st.info.facts().max_cluster)) {
       cfg = it->second;
     } else {
       ConfigExplanation x = config_from_caches(*st.tuned, op, d, key, st.info.facts(), opt.tune_policy, false);
@@ -300,11 +304,14 @@ std::shared_ptr<const Plan> Engine::Impl::backward_plan(const NormDesc& d, const
     p->geometry = backward_geometry(*jit.get(make_spec(op, d, l.cfg), l.arch), d, l.cfg, l.sm_count);
     p->workspace_bytes = make_variant(op, d).partials() ? backward_workspace_bytes(p->geometry, d) : 0;
     if (!u) return p;
-    const DType xt = d.normed_dtype();
-    p->config = fit_alignment(l.cfg, op, d,
-                              {{u->dy, d.dy_dtype()}, {u->x, xt}, {u->weight, d.weight_dtype}, {u->dx, d.dx_dtype()},
-                               {u->dresidual, d.residual_out_dtype}},
-                              row_strides(op, d));
+    // The row tensors as row_strides lists them: a peeled config needs their
+    // rows to start at the same column of a vector.
+    const bool h3 = d.heads > 1;
+    p->config = fit_alignment(l.cfg, op, d, {{u->weight, d.weight_dtype}}, {},
+                              {{u->dy, d.dy_dtype(), d.dy_ld(), h3 ? d.dy_hs() : 0},
+                               {u->x, d.normed_dtype(), d.residual ? d.residual_out_ld() : d.x_ld(), h3 ? d.x_hs() : 0},
+                               {u->dx, d.dx_dtype(), d.dx_ld(), h3 ? d.dx_hs() : 0},
+                               {u->dresidual, d.residual_out_dtype, d.has_dresidual ? d.dresidual_ld() : 0, 0}});
     p->kernel = jit.get(make_spec(op, d, p->config), l.arch);
     p->finalize = jit.get(finalize_spec(d), l.arch);
     p->layout = row_layout(d, true);

@@ -19,7 +19,7 @@ struct KernelSpec {
   LaunchConfig cfg;       ///< unused by DweightFinalize
   bool index64 = false;   ///< 64-bit row offsets
   bool dw_smem = false;   ///< backward: weight and dw / db sums in shared memory
-  bool peel = false;      ///< forward: rows start anywhere in a vector (config_grid.hpp's peeled)
+  bool peel = false;      ///< rows start anywhere in a vector (config_grid.hpp's peeled)
   int min_blocks = 1;     ///< forward: CTAs an SM must hold at once (forward_min_blocks)
 
   /// The extern "C" kernel in the template: "normjit_norm_fwd", ...

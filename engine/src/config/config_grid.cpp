@@ -28,9 +28,12 @@ std::int64_t slice_columns(std::int64_t N, const LaunchConfig& c) {
 
 namespace {
 // Forward rows, but not those with groups aligned to the row's start (FP8
-// x's scale groups, y's group and MX scales): those never peel.
+// x's scale groups, y's group and MX scales): those never peel. Backward
+// rows of 2-D tensors without FP8 x (norm_bwd.cuh's PEEL: a program's rows
+// all start at the same column of a vector, which 3-D rows do not).
 bool peelable(Op op, const NormDesc& d) {
-  return op == Op::Forward && d.quant != QuantScaling::Group && d.quant != QuantScaling::MX && !is_fp8(d.x_dtype);
+  if (op == Op::Backward) return !is_fp8(d.normed_dtype()) && d.heads <= 1;
+  return d.quant != QuantScaling::Group && d.quant != QuantScaling::MX && !is_fp8(d.x_dtype);
 }
 }  // namespace
 
@@ -47,7 +50,8 @@ std::int64_t peeled_span(std::int64_t N, const LaunchConfig& c) {
 }
 
 std::int64_t row_span(Op op, const NormDesc& d, const LaunchConfig& c) {
-  return peeled(op, d, c.vec) ? peeled_span(d.N, c) : d.N;
+  if (!peeled(op, d, c.vec)) return d.N;
+  return op == Op::Backward ? d.N + c.vec - 1 : peeled_span(d.N, c);
 }
 
 int max_vec(Op op, const NormDesc& d) { return max_vec(op, d, make_variant(op, d)); }
@@ -230,11 +234,20 @@ std::string stage_rule(Op op, const NormDesc& d, const Variant& v, const LaunchC
     // A two-pass row reads its slice from one stage; a one-pass row overlaps two or more.
     if (op != Op::Backward || c.stages < (c.two_pass ? 1 : 2))
       return "stages are for the backward: >= 2 for one pass, >= 1 for two";
-    if (d.N % c.vec) return "staged rows must split into whole chunks";
+    if (d.N % c.vec && !peeled(op, d, c.vec)) return "staged rows must split into whole chunks";
     if (c.vec * std::min(dtype_size(v.x), dtype_size(v.y)) < 4) return "cp.async moves 4 bytes or more";
-    if (backward_stage_bytes(v, d.N, c, smem_dw) > kMaxStageBytes)
+    if (backward_stage_bytes(v, row_span(op, d, c), c, smem_dw) > kMaxStageBytes)
       return "stages exceed the shared-memory budget";
   }
+  return {};
+}
+// Peeled backward rows (norm_bwd.cuh's PEEL) keep the weight and dweight
+// sums of a program's columns in registers, shifted once to where its rows
+// start in a vector: one pass over each row, many rows a program.
+std::string peel_rule(Op op, const NormDesc& d, const LaunchConfig& c, bool smem_dw) {
+  if (op == Op::Backward && peeled(op, d, c.vec) && (c.two_pass || c.dw_cluster || smem_dw))
+    return fmt::format("backward rows not aligned to vectors of {} take one pass with dweight in registers (no "
+                       "two-pass, dw_cluster or dweight in shared memory)", c.vec);
   return {};
 }
 }  // namespace
@@ -245,6 +258,7 @@ bool config_valid(Op op, const NormDesc& d, const Variant& v, const LaunchConfig
   std::string r = geometry_rule(op, d, v, c, max_cluster);
   if (r.empty()) r = quant_rule(op, d, v, c);
   if (r.empty()) r = register_rule(op, d, v, c, max_cluster, smem_dw);
+  if (r.empty()) r = peel_rule(op, d, c, smem_dw);
   if (r.empty()) r = stage_rule(op, d, v, c, smem_dw);
   if (r.empty()) return true;
   if (why) *why = std::move(r);
@@ -283,7 +297,11 @@ std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& d, int max_clust
   // 1.46x the fastest. The H200's ln fp16 162x113662 ran v8.t128.r1.c16 in
   // 84 us, v8.t512.r1.c4 in 47.
   const int cluster_min_tpr = op == Op::Forward && mb >= 64 ? 256 : 128;
-  for (int vec : {vmax, vmax / 2}) {
+  // Peeled backward rows have no two-pass or dw_cluster configs: the widest
+  // vectors that do not peel keep them for the rows that need them.
+  int whole = vmax;
+  while (op == Op::Backward && whole > 1 && peeled(op, d, whole)) whole /= 2;
+  for (int vec : {vmax, vmax / 2, whole < vmax / 2 ? whole : 0}) {
     if (vec < 1 || (vec == vmax / 2 && vmax == 1)) continue;
     for (int tpr = 1; tpr <= 1024; tpr *= 2) {
       for (bool two_pass : {false, true}) {
@@ -425,6 +443,19 @@ Geometry launch_geometry(Op op, const NormDesc& d, const LaunchConfig& c, int sm
     std::int64_t resident = static_cast<std::int64_t>(sm_count) * std::max(1, per_sm) / cl;
     if (cl > 1 && max_clusters > 0) resident = std::min<std::int64_t>(resident, max_clusters);
     programs = std::max<std::int64_t>(1, std::min(needed, resident));
+    // A peeled backward program shifts its weight once for all its rows:
+    // they start at one column of a vector, so its row step (programs x
+    // ROWS_PER_PID rows) is a whole number of vectors in every row tensor.
+    if (op == Op::Backward && programs < needed && peeled(op, d, c.vec)) {
+      std::int64_t m = 1;
+      auto whole = [&](std::int64_t k) {
+        for (std::int64_t s : row_strides(op, d))
+          if (k * c.rows_per_pid * s % c.vec) return false;
+        return true;
+      };
+      while (!whole(m)) ++m;
+      programs = std::max(m, programs / m * m);
+    }
   }
   g.programs = static_cast<unsigned>(programs);
   g.grid = static_cast<unsigned>(programs * cl);

@@ -379,6 +379,18 @@ bool floors_row_threads(Op op, const NormDesc& d, const std::vector<LaunchConfig
     return false;
   return std::any_of(grid.begin(), grid.end(), [&](const LaunchConfig& c) { return !short_row_threads(op, d, c); });
 }
+// Peeled backward rows (odd N: norm_bwd.cuh's PEEL) are the tuner's, not
+// the model's, which does not price them: whole grids of 8 odd-N shapes
+// timed on an H200 (2026-11-29, no cache) had the fastest peeled config
+// slower than the fastest 1-element one on 7 (rms bf16 2048x24577 130.6 vs
+// 109.3 us, 512x100003 237.6 vs 127.3, ln bf16 8192x777 21.5 vs 19.5;
+// 1.10-1.87x) and faster on one (rms bf16 8192x5121 80.2 vs 84.6), and the
+// model's peeled picks were 1.02-1.97x the grid's fastest. Where peeling
+// pays (ln bf16 4096x7777: 65.9 us against the model's 1-element pick's
+// 104.8), tuning finds it.
+bool peel_excluded(Op op, const NormDesc& d, const LaunchConfig& c) {
+  return op == Op::Backward && peeled(op, d, c.vec);
+}
 }  // namespace
 
 std::size_t fastest_of(Op op, const NormDesc& d, const std::vector<LaunchConfig>& grid, const DeviceFacts& dev,
@@ -392,7 +404,7 @@ std::size_t fastest_of(Op op, const NormDesc& d, const std::vector<LaunchConfig>
   std::size_t best = 0;
   double best_t = std::numeric_limits<double>::infinity();
   for (std::size_t i = 0; i < grid.size(); ++i) {
-    if (excluded(caps, d, grid[i]) || (one_pass_only && grid[i].two_pass) ||
+    if (excluded(caps, d, grid[i]) || (one_pass_only && grid[i].two_pass) || peel_excluded(op, d, grid[i]) ||
         (cta_cap && cta_threads_excluded(op, d, v, grid[i], dev)) || (row_floor && short_row_threads(op, d, grid[i])))
       continue;
     const double t = predicted_ns(op, d, v, grid[i], dev, p);

@@ -225,8 +225,8 @@ int forward_register_budget(const Variant& v, const LaunchConfig& c, int N, bool
   return peel_two_ctas(v, c, N, peel, need) ? thread_register_cap(2 * c.threads()) : need;
 }
 
-std::int64_t backward_stage_bytes(const Variant& v, std::int64_t N, const LaunchConfig& c, bool dw_smem) {
-  const std::int64_t slice = slice_columns(N, c);
+std::int64_t backward_stage_bytes(const Variant& v, std::int64_t span, const LaunchConfig& c, bool dw_smem) {
+  const std::int64_t slice = slice_columns(span, c);
   return static_cast<std::int64_t>(c.stages) * c.rows_per_pid * slice * (dtype_size(v.x) + dtype_size(v.y)) +
          (dw_smem ? slice * (4 * v.partials() + (v.has_w ? dtype_size(v.w) : 0)) : 0);
 }

@@ -121,7 +121,8 @@ int forward_register_budget(const Variant& v, const LaunchConfig& cfg, int N, bo
 /// its slice's weight and dweight sums live in shared memory (dw_smem,
 /// config_grid.hpp's dweight_in_smem), those after them. The grid's budget
 /// (kMaxStageBytes) and the launch's dynamic shared memory both read this.
-std::int64_t backward_stage_bytes(const Variant& v, std::int64_t N, const LaunchConfig& cfg, bool dw_smem);
+/// `span`: the columns a row's chunks cover (config_grid.hpp's row_span).
+std::int64_t backward_stage_bytes(const Variant& v, std::int64_t span, const LaunchConfig& cfg, bool dw_smem);
 
 /// The decode backward (cfg.dw_cluster, norm_bwd.cuh's norm_bwd_dc) stages
 /// its CTA's slice of `rows` rows at a time in shared memory: x, dy and
