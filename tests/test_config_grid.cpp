@@ -323,10 +323,14 @@ TEST_CASE("config_grid: peeled backward rows take one pass with dweight in regis
   CHECK(count([&](const LaunchConfig& c) { return c.vec > 1 && (c.two_pass || c.dw_cluster); }) == 0);
   CHECK(count([&](const LaunchConfig& c) { return c.vec == 1; }) > 0);
   CHECK(count([&](const LaunchConfig& c) { return c.vec > 1 && dweight_in_smem(Op::Backward, odd, c); }) == 0);
-  // Rows of 2 mod 4 elements keep 2-element vectors, and their one-cluster
-  // decode grids.
+  // The grid keeps what rows had before they peeled: at 2 mod 4 elements,
+  // 2- and 1-element vectors and their one-cluster decode grids; rows too
+  // wide for any cluster's registers, two-pass at 1-element vectors.
   const auto decode = candidate_grid(Op::Backward, make_desc(2, 8190, DType::F16, DType::F16), kMaxCluster);
   CHECK(std::any_of(decode.begin(), decode.end(), [](const LaunchConfig& c) { return c.vec == 2 && c.dw_cluster; }));
+  CHECK(std::any_of(decode.begin(), decode.end(), [](const LaunchConfig& c) { return c.vec == 1; }));
+  const auto huge = candidate_grid(Op::Backward, make_desc(26, 250301), kMaxCluster);
+  CHECK(std::any_of(huge.begin(), huge.end(), [](const LaunchConfig& c) { return c.vec == 1 && c.two_pass; }));
   std::string why;
   CHECK_FALSE(config_valid(Op::Backward, odd, LaunchConfig::parse("v8.t1024.r1.2p"), &why, kMaxCluster));
   CHECK(why.find("not aligned to vectors of 8") != std::string::npos);

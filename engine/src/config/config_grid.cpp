@@ -297,15 +297,19 @@ std::vector<LaunchConfig> candidate_grid(Op op, const NormDesc& d, int max_clust
   // 1.46x the fastest. The H200's ln fp16 162x113662 ran v8.t128.r1.c16 in
   // 84 us, v8.t512.r1.c4 in 47.
   const int cluster_min_tpr = op == Op::Forward && mb >= 64 ? 256 : 128;
-  // Peeled backward rows have no two-pass or dw_cluster configs: the widest
-  // vectors that do not peel keep them for the rows that need them.
+  // Vectors of the widest width and half of it; where backward rows peel at
+  // those (norm_bwd.cuh's PEEL), also the widest that do not and half of it,
+  // the grid rows had before they peeled: they keep its two-pass and
+  // one-cluster configs, which peeled rows have not.
   int whole = vmax;
   while (op == Op::Backward && whole > 1 && peeled(op, d, whole)) whole /= 2;
-  for (int vec : {vmax, vmax / 2, whole < vmax / 2 ? whole : 0}) {
-    if (vec < 1 || (vec == vmax / 2 && vmax == 1)) continue;
+  std::vector<int> vecs{vmax};
+  for (int v : {vmax / 2, whole, whole / 2})
+    if (v >= 1 && std::find(vecs.begin(), vecs.end(), v) == vecs.end()) vecs.push_back(v);
+  for (int vec : vecs) {
     for (int tpr = 1; tpr <= 1024; tpr *= 2) {
       for (bool two_pass : {false, true}) {
-        if (two_pass && vec != vmax) continue;
+        if (two_pass && vec != whole) continue;
         // Narrow rows may use a lone warp (or two) per program; otherwise 128..1024 threads.
         std::vector<int> blocks(std::begin(kBlockSizes), std::end(kBlockSizes));
         if (tpr <= 64) blocks.insert(blocks.begin(), tpr == 64 ? 64 : 32);
