@@ -128,11 +128,62 @@ GPU_TEST_CASE("variants: every autotune candidate of LayerNorm and fused add + R
     }
 }
 
+namespace {
+// Every candidate of `op` on `descs` whose rows peel (odd N), launched on
+// fresh data and checked against float64; returns the kernel paths that
+// ran: cluster, two-pass, rows or row, and staged or registers.
+std::set<std::string> check_peeled_candidates(Op op, const std::vector<NormDesc>& descs) {
+  const DeviceInfo dev = device_info(current_device());
+  KernelCache jit(suite_kernel_dir());
+  std::vector<std::pair<NormDesc, std::vector<LaunchConfig>>> runs;
+  std::vector<KernelSpec> specs;
+  for (const NormDesc& d : descs) {
+    std::vector<LaunchConfig> configs;
+    for (const auto& c : test_grid(op, d, dev.max_cluster))
+      if (peeled(op, d, c.vec) && c.programs_per_sm == 0) {  // (programs_per_sm: a launch parameter)
+        configs.push_back(c);
+        specs.push_back(make_spec(op, d, c));
+      }
+    runs.emplace_back(d, configs);
+    if (op == Op::Backward) specs.push_back(finalize_spec(d));
+  }
+  compile_all(specs);
+  std::set<std::string> paths;
+  for (const auto& [d, configs] : runs) {
+    const std::uint64_t seed = fresh_seed();
+    CAPTURE(d.str());
+    CAPTURE(seed);
+    CHECK(!configs.empty());
+    Scratch s(op, d, seed);
+    const Reference ref = reference_outputs(op, d, s);
+    for (const auto& cfg : configs) {
+      CAPTURE(cfg.str());
+      if (!launch_candidate(jit, dev, op, d, cfg, s)) continue;
+      for (const auto& c : compare_outputs(s, ref)) {
+        CAPTURE(c.name);
+        CHECK(c.err <= c.tol);
+      }
+      paths.insert(cfg.cluster > 1 ? "cluster" : cfg.two_pass ? "two-pass" : cfg.rows_per_pid > 1 ? "rows" : "row");
+      paths.insert(cfg.stages ? "staged" : "registers");
+    }
+  }
+  return paths;
+}
+
+// Every path in `want` ran, and a cluster's where the device has clusters.
+void check_paths(const std::set<std::string>& paths, std::initializer_list<const char*> want) {
+  for (const char* p : want) {
+    CAPTURE(p);
+    CHECK(paths.count(p));
+  }
+  if (device_info(current_device()).max_cluster > 1) CHECK(paths.count("cluster"));
+}
+}  // namespace
+
 GPU_TEST_CASE("variants: every forward candidate of peeled rows (odd N) matches the reference") {
   // Rows that start anywhere in a vector, on every kernel path the grids
   // offer: rows in registers (one and several per program), a cluster's
   // slices, two-pass; RMSNorm and LayerNorm with a fused residual add.
-  const DeviceInfo dev = device_info(current_device());
   NormDesc rms = normjit_test::make_desc(37, 12345, DType::BF16, DType::BF16);
   NormDesc ln = normjit_test::make_desc(37, 4099, DType::F16, DType::F16);
   ln.norm = NormKind::LayerNorm;
@@ -142,44 +193,7 @@ GPU_TEST_CASE("variants: every forward candidate of peeled rows (odd N) matches 
   NormDesc wide = normjit_test::make_desc(3, 100003, DType::BF16, DType::BF16);
   wide.norm = NormKind::LayerNorm;
   wide.has_bias = true;
-  KernelCache jit(suite_kernel_dir());
-  std::vector<std::pair<NormDesc, std::vector<LaunchConfig>>> runs;
-  std::vector<KernelSpec> specs;
-  for (const NormDesc& d : {rms, ln, narrow, wide}) {
-    std::vector<LaunchConfig> configs;
-    for (const auto& c : test_grid(Op::Forward, d, dev.max_cluster))
-      if (peeled(Op::Forward, d, c.vec)) {
-        configs.push_back(c);
-        specs.push_back(make_spec(Op::Forward, d, c));
-      }
-    runs.emplace_back(d, configs);
-  }
-  compile_all(specs);
-  std::set<std::string> paths;
-  for (const auto& [d, configs] : runs) {
-    const std::uint64_t seed = fresh_seed();
-    CAPTURE(d.str());
-    CAPTURE(seed);
-    CHECK(!configs.empty());
-    Scratch s(Op::Forward, d, seed);
-    const Reference ref = reference_outputs(Op::Forward, d, s);
-    for (const auto& cfg : configs) {
-      CAPTURE(cfg.str());
-      if (!launch_candidate(jit, dev, Op::Forward, d, cfg, s)) continue;
-      for (const auto& c : compare_outputs(s, ref)) {
-        CAPTURE(c.name);
-        CHECK(c.err <= c.tol);
-      }
-      paths.insert(cfg.cluster > 1 ? "cluster" : cfg.two_pass ? "two-pass" : cfg.rows_per_pid > 1 ? "rows" : "row");
-      if (cfg.stages) paths.insert("staged");
-    }
-  }
-  // Every kernel path ran (clusters only where the device has them).
-  CHECK(paths.count("row"));
-  CHECK(paths.count("staged"));
-  CHECK(paths.count("rows"));
-  CHECK(paths.count("two-pass"));
-  if (dev.max_cluster > 1) CHECK(paths.count("cluster"));
+  check_paths(check_peeled_candidates(Op::Forward, {rms, ln, narrow, wide}), {"row", "staged", "rows", "two-pass"});
 }
 
 GPU_TEST_CASE("variants: every backward candidate of peeled rows (odd N) matches the reference") {
@@ -187,7 +201,6 @@ GPU_TEST_CASE("variants: every backward candidate of peeled rows (odd N) matches
   // grids offer: rows in registers and through stages, one and several per
   // program, a cluster's slices; programs of many rows (their row step a
   // whole number of vectors), dresidual added, a LayerNorm's dbias.
-  const DeviceInfo dev = device_info(current_device());
   NormDesc rms = normjit_test::make_desc(37, 12345, DType::BF16, DType::BF16);
   NormDesc ln = normjit_test::make_desc(1000, 4099, DType::F16, DType::F16);
   ln.norm = NormKind::LayerNorm;
@@ -195,45 +208,7 @@ GPU_TEST_CASE("variants: every backward candidate of peeled rows (odd N) matches
   ln.residual = ln.store_residual_out = ln.has_dresidual = true;
   NormDesc narrow = normjit_test::make_desc(3000, 77, DType::F32, DType::F32);
   NormDesc wide = normjit_test::make_desc(3, 100003, DType::BF16, DType::BF16);
-  KernelCache jit(suite_kernel_dir());
-  std::vector<std::pair<NormDesc, std::vector<LaunchConfig>>> runs;
-  std::vector<KernelSpec> specs;
-  for (const NormDesc& d : {rms, ln, narrow, wide}) {
-    std::vector<LaunchConfig> configs;
-    for (const auto& c : test_grid(Op::Backward, d, dev.max_cluster))
-      if (peeled(Op::Backward, d, c.vec) && c.programs_per_sm == 0) {  // (a launch parameter)
-        configs.push_back(c);
-        specs.push_back(make_spec(Op::Backward, d, c));
-      }
-    runs.emplace_back(d, configs);
-    specs.push_back(finalize_spec(d));
-  }
-  compile_all(specs);
-  std::set<std::string> paths;
-  for (const auto& [d, configs] : runs) {
-    const std::uint64_t seed = fresh_seed();
-    CAPTURE(d.str());
-    CAPTURE(seed);
-    CHECK(!configs.empty());
-    Scratch s(Op::Backward, d, seed);
-    const Reference ref = reference_outputs(Op::Backward, d, s);
-    for (const auto& cfg : configs) {
-      CAPTURE(cfg.str());
-      if (!launch_candidate(jit, dev, Op::Backward, d, cfg, s)) continue;
-      for (const auto& c : compare_outputs(s, ref)) {
-        CAPTURE(c.name);
-        CHECK(c.err <= c.tol);
-      }
-      paths.insert(cfg.cluster > 1 ? "cluster" : cfg.rows_per_pid > 1 ? "rows" : "row");
-      paths.insert(cfg.stages ? "staged" : "registers");
-    }
-  }
-  // Every kernel path ran (clusters only where the device has them).
-  for (const char* p : {"row", "rows", "staged", "registers"}) {
-    CAPTURE(p);
-    CHECK(paths.count(p));
-  }
-  if (dev.max_cluster > 1) CHECK(paths.count("cluster"));
+  check_paths(check_peeled_candidates(Op::Backward, {rms, ln, narrow, wide}), {"row", "rows", "staged", "registers"});
 }
 
 GPU_TEST_CASE("variants: the LayerNorm backward is deterministic") {
