@@ -83,8 +83,7 @@ template <class S> struct Cols : ThreadCols<bwd_span_of<S>(), S::VEC, S::TPR, S:
   // C1 + 1 (its last element at column lo + N - 1): a chunk slot i of a CTA
   // may hold one only where these land, which the compiler knows once the
   // loops over i unroll. Every other slot holds a whole chunk or none, and
-  // moves as an unpeeled row's does: tested at every slot, the edges' checks
-  // took 45 more registers (ptxas kept their predicates across the rows).
+  // moves as an unpeeled row's does, untested.
   static constexpr int C1 = (S::N - 1) / S::VEC;
   static constexpr bool at_slot(int chunk, int i) {
     return chunk < L::CHUNKS && chunk % L::SLICE_CHUNKS / S::TPR == i;
