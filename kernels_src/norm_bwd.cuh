@@ -77,7 +77,7 @@ template <class S> constexpr bool kExact = Layout<S>::EXACT && !peel_of<S>();
 // row's lo: its chunks of the view in the row are those in_row, whole
 // those wholly inside it.
 template <class S> struct Cols : ThreadCols<bwd_span_of<S>(), S::VEC, S::TPR, S::CLUSTER> {
-  using L = RowLayout<bwd_span_of<S>(), S::VEC, S::TPR, S::CLUSTER>;
+  using L = Layout<S>;
   int lo;  // 0 unless peeled
   // A peeled row's edges, whatever its lo, are view chunks 0 and C1 or
   // C1 + 1 (its last element at column lo + N - 1): a chunk slot i of a CTA

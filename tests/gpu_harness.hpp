@@ -191,11 +191,12 @@ inline void precompile_calls(Engine& e, const std::vector<Call>& calls) {
       t.weight = at(d.weight_dtype);
       specs.push_back(make_spec(c.op, d, fit_forward_alignment(cfg, d, t)));
     } else {
-      const std::vector<std::pair<const void*, DType>> ptrs = {{at(d.dy_dtype()), d.dy_dtype()},
-                                                               {at(d.normed_dtype()), d.normed_dtype()},
-                                                               {at(d.weight_dtype), d.weight_dtype},
-                                                               {at(d.dx_dtype()), d.dx_dtype()}};
-      specs.push_back(make_spec(c.op, d, fit_alignment(cfg, c.op, d, ptrs, row_strides(c.op, d))));
+      BackwardTensors t;
+      t.dy = at(d.dy_dtype());
+      t.x = at(d.normed_dtype());
+      t.weight = at(d.weight_dtype);
+      t.dx = const_cast<void*>(at(d.dx_dtype()));
+      specs.push_back(make_spec(c.op, d, fit_backward_alignment(cfg, d, t)));
     }
     if (c.op == Op::Backward) specs.push_back(finalize_spec(d));
   }

@@ -304,14 +304,7 @@ std::shared_ptr<const Plan> Engine::Impl::backward_plan(const NormDesc& d, const
     p->geometry = backward_geometry(*jit.get(make_spec(op, d, l.cfg), l.arch), d, l.cfg, l.sm_count);
     p->workspace_bytes = make_variant(op, d).partials() ? backward_workspace_bytes(p->geometry, d) : 0;
     if (!u) return p;
-    // The row tensors as row_strides lists them: a peeled config needs their
-    // rows to start at the same column of a vector.
-    const bool h3 = d.heads > 1;
-    p->config = fit_alignment(l.cfg, op, d, {{u->weight, d.weight_dtype}}, {},
-                              {{u->dy, d.dy_dtype(), d.dy_ld(), h3 ? d.dy_hs() : 0},
-                               {u->x, d.normed_dtype(), d.residual ? d.residual_out_ld() : d.x_ld(), h3 ? d.x_hs() : 0},
-                               {u->dx, d.dx_dtype(), d.dx_ld(), h3 ? d.dx_hs() : 0},
-                               {u->dresidual, d.residual_out_dtype, d.has_dresidual ? d.dresidual_ld() : 0, 0}});
+    p->config = fit_backward_alignment(l.cfg, d, *u);
     p->kernel = jit.get(make_spec(op, d, p->config), l.arch);
     p->finalize = jit.get(finalize_spec(d), l.arch);
     p->layout = row_layout(d, true);

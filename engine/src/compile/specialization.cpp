@@ -40,9 +40,9 @@ int KernelSpec::dynamic_smem() const {
   if (kind == KernelKind::Forward) return weight_smem_bytes(v, cfg, N, peel);
   if (kind != KernelKind::Backward) return 0;
   // dw_cluster: its batches of rows (norm_bwd_dc), no stages.
-  // A peeled row's stages hold the VEC - 1 columns of its view too.
+  // A peeled row's stages hold its view.
   return static_cast<int>(cfg.dw_cluster ? dc_batch(v, N, cfg).bytes
-                                         : backward_stage_bytes(v, N + (peel ? cfg.vec - 1 : 0), cfg, dw_smem));
+                                         : backward_stage_bytes(v, peel ? peeled_view(N, cfg.vec) : N, cfg, dw_smem));
 }
 
 const char* KernelSpec::kernel_name() const {

@@ -44,14 +44,16 @@ bool peeled(Op op, const NormDesc& d, int vec) {
   return false;
 }
 
+std::int64_t peeled_view(std::int64_t N, int vec) { return N + vec - 1; }
+
 std::int64_t peeled_span(std::int64_t N, const LaunchConfig& c) {
-  if (c.cluster <= 1) return N + c.vec - 1;
+  if (c.cluster <= 1) return peeled_view(N, c.vec);
   return N >= c.vec ? N / c.vec * c.vec : c.vec;
 }
 
 std::int64_t row_span(Op op, const NormDesc& d, const LaunchConfig& c) {
   if (!peeled(op, d, c.vec)) return d.N;
-  return op == Op::Backward ? d.N + c.vec - 1 : peeled_span(d.N, c);
+  return op == Op::Backward ? peeled_view(d.N, c.vec) : peeled_span(d.N, c);
 }
 
 int max_vec(Op op, const NormDesc& d) { return max_vec(op, d, make_variant(op, d)); }
@@ -417,6 +419,17 @@ LaunchConfig fit_forward_alignment(const LaunchConfig& cfg, const NormDesc& d, c
                         {t.y_hp, d.y_hp_dtype, d.y_ld(), H > 1 ? d.y_hs() : 0},
                         flat(t.residual, d.residual_dtype, d.residual ? d.residual_ld() : 0),
                         flat(t.residual_out, d.residual_out_dtype, d.store_residual_out ? d.residual_out_ld() : 0)});
+}
+
+LaunchConfig fit_backward_alignment(const LaunchConfig& cfg, const NormDesc& d, const BackwardTensors& t) {
+  // The row tensors as row_strides lists them: a peeled config needs their
+  // rows to start at the same column of a vector.
+  const bool h3 = d.heads > 1;
+  return fit_alignment(cfg, Op::Backward, d, {{t.weight, d.weight_dtype}}, {},
+                       {{t.dy, d.dy_dtype(), d.dy_ld(), h3 ? d.dy_hs() : 0},
+                        {t.x, d.normed_dtype(), d.residual ? d.residual_out_ld() : d.x_ld(), h3 ? d.x_hs() : 0},
+                        {t.dx, d.dx_dtype(), d.dx_ld(), h3 ? d.dx_hs() : 0},
+                        {t.dresidual, d.residual_out_dtype, d.has_dresidual ? d.dresidual_ld() : 0, 0}});
 }
 
 std::vector<int> simplicity_key(const LaunchConfig& c) {

@@ -40,13 +40,18 @@ std::int64_t slice_columns(std::int64_t N, const LaunchConfig& cfg);
 /// elements of its partial first and last chunk apart.
 bool peeled(Op op, const NormDesc& desc, int vec);
 
-/// Columns a peeled row's chunk slots cover under `c` (norm_fwd.cuh's
-/// span_of): N + vec - 1 (its view, edges included), or in clusters only
-/// its inner chunks, at most N / vec of them (vec columns where N < vec).
+/// A peeled row's view under vectors of `vec`: its N columns and the vec - 1
+/// before it, where a row may start inside its first vector.
+std::int64_t peeled_view(std::int64_t N, int vec);
+
+/// Columns a peeled forward row's chunk slots cover under `c` (norm_fwd.cuh's
+/// span_of): its view (peeled_view), or in clusters only its inner chunks,
+/// at most N / vec of them (vec columns where N < vec).
 std::int64_t peeled_span(std::int64_t N, const LaunchConfig& c);
 
-/// Columns a row's chunk slots cover under `c`: N, or peeled_span when
-/// peeled.
+/// Columns a row's chunk slots cover under `c`: N, or when peeled
+/// peeled_span (forward) or peeled_view (backward: norm_bwd.cuh's
+/// bwd_span_of).
 std::int64_t row_span(Op op, const NormDesc& desc, const LaunchConfig& c);
 
 /// The largest vec (elements) allowed for the dtypes `op` moves (16-byte
@@ -123,6 +128,10 @@ LaunchConfig fit_alignment(const LaunchConfig& cfg, Op op, const NormDesc& desc,
 /// null): the weight, bias and y_hp aligned; x, y, residual and
 /// residual_out as rows.
 LaunchConfig fit_forward_alignment(const LaunchConfig& cfg, const NormDesc& desc, const ForwardTensors& t);
+
+/// fit_alignment for a backward call's tensors: the weight aligned; dy, x
+/// (h with a fused residual add), dx and dresidual as rows.
+LaunchConfig fit_backward_alignment(const LaunchConfig& cfg, const NormDesc& desc, const BackwardTensors& t);
 
 /// Rank for ties: a smaller key is simpler (one pass, fewer threads, fewer
 /// rows per program, wider vectors, register rows, the occupancy-sized grid).
