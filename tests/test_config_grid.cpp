@@ -360,6 +360,26 @@ TEST_CASE("config_grid: peeled backward rows take one pass with dweight in regis
   CHECK(launch_geometry(Op::Backward, make_desc(4096, 12346), LaunchConfig::parse("v8.t512.r1.s2"), 131, 1).programs == 128);
   CHECK(launch_geometry(Op::Backward, make_desc(100, 12345), LaunchConfig::parse("v8.t512.r1.s2"), 132, 1).programs == 100);
   CHECK(launch_geometry(Op::Backward, make_desc(4096, 12344), LaunchConfig::parse("v8.t512.r1.s2"), 131, 1).programs == 131);
+  // Fewer resident programs than the multiple (7 clusters of 16 on an
+  // H200): rounding down would leave none, and 8 programs ran the eighth as
+  // a second wave over a row share each (64 row steps, twice 7 programs'
+  // 37); waves of more programs fill the slots instead, each program a
+  // partial dweight row more.
+  {
+    const NormDesc wide = make_desc(512, 100003);
+    const LaunchConfig lc = LaunchConfig::parse("v8.t512.r1.c16.s2");
+    const Geometry g = launch_geometry(Op::Backward, wide, lc, 132, 1, 7);
+    CAPTURE(g.programs);
+    CHECK(g.programs % 8 == 0);
+    CHECK(g.programs > 7);
+    const auto steps = (g.programs + 6) / 7 * ((512 + g.programs - 1) / g.programs);  // waves x rows a program
+    CHECK(steps <= 80);
+    CHECK(g.grid == g.programs * 16);
+    // With 16 resident clusters, 16 programs: no waves.
+    CHECK(launch_geometry(Op::Backward, wide, lc, 132, 2, 16).programs == 16);
+    // Unpeeled rows: the resident programs, whatever their count.
+    CHECK(launch_geometry(Op::Backward, make_desc(512, 100000), lc, 132, 1, 7).programs == 7);
+  }
   // The config model leaves them to tuning: its pick is a 1-element
   // vector, as before backward rows peeled (without the rule, a peeled v4).
   const LaunchConfig m = heuristic_config(Op::Backward, odd, normjit_test::test_facts());

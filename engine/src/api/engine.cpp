@@ -274,6 +274,20 @@ Engine::Impl::Launch Engine::Impl::begin_plan(Plan& p, Op op, const NormDesc& d)
   return l;
 }
 
+namespace {
+// A launch's trace arguments: the shape and the geometry its kernel got
+// (programs, CTAs, the CTAs an SM holds and the clusters the driver counts
+// co-resident: what a config's speed turns on).
+std::map<std::string, std::string> launch_args(const NormDesc& d, const Plan& p) {
+  return {{"shape", d.str()},
+          {"programs", std::to_string(p.geometry.programs)},
+          {"grid", std::to_string(p.geometry.grid)},
+          {"block", std::to_string(p.geometry.block)},
+          {"blocks_per_sm", std::to_string(p.kernel ? p.kernel->blocks_per_sm : 0)},
+          {"max_clusters", std::to_string(p.kernel ? p.kernel->max_clusters : 0)}};
+}
+}  // namespace
+
 std::shared_ptr<const Plan> Engine::Impl::forward_plan(const NormDesc& d, const ForwardTensors& u) {
   constexpr Op op = Op::Forward;
   trace::Span span("plan", "forward " + d.str());
@@ -326,7 +340,7 @@ void Engine::forward(const NormDesc& d, const ForwardTensors& t, CUstream stream
     p = impl_->forward_plan(d, used_tensors(d, t));
     impl_->store_plan(key, p);
   }
-  if (trace::enabled()) trace::instant("launch", "forward " + p->config.str(), {{"shape", d.str()}});
+  if (trace::enabled()) trace::instant("launch", "forward " + p->config.str(), launch_args(d, *p));
   try {
     p->forward(used_tensors(d, t), stream);
   } catch (const Error& e) {
@@ -363,7 +377,7 @@ void Engine::backward(const NormDesc& d, const BackwardTensors& t, CUstream stre
                 fmt::format("workspace_bytes = {} is too small: {} needed (backward_workspace_size)", t.workspace_bytes,
                             p->workspace_bytes),
                 op_label(op, d.norm), d.str(), p->config.str());
-  if (trace::enabled()) trace::instant("launch", "backward " + p->config.str(), {{"shape", d.str()}});
+  if (trace::enabled()) trace::instant("launch", "backward " + p->config.str(), launch_args(d, *p));
   try {
     p->backward(used_tensors(d, t), stream);
   } catch (const Error& e) {

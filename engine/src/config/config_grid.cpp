@@ -1,6 +1,7 @@
 #include "config/config_grid.hpp"
 
 #include <algorithm>
+#include <numeric>
 #include <cstdint>
 
 #include <fmt/format.h>
@@ -437,6 +438,49 @@ std::vector<int> simplicity_key(const LaunchConfig& c) {
           c.programs_per_sm};
 }
 
+std::int64_t peel_program_multiple(const NormDesc& d, const LaunchConfig& c) {
+  if (!peeled(Op::Backward, d, c.vec)) return 1;
+  auto whole = [&](std::int64_t k) {
+    for (std::int64_t s : row_strides(Op::Backward, d))
+      if (k * c.rows_per_pid * s % c.vec) return false;
+    return true;
+  };
+  std::int64_t m = 1;
+  while (!whole(m)) ++m;
+  return m;
+}
+
+std::int64_t backward_programs(const NormDesc& d, const LaunchConfig& c, std::int64_t resident) {
+  const std::int64_t needed = ceil_div(d.M, c.rows_per_pid);
+  const std::int64_t R = std::max<std::int64_t>(1, resident);
+  const std::int64_t fit = std::min(needed, R);
+  const std::int64_t m = peel_program_multiple(d, c);
+  if (fit == needed || m == 1) return std::max<std::int64_t>(1, fit);
+  // A peeled program shifts its weight once for all its rows: they start at
+  // one column of a vector, so its row step (programs x ROWS_PER_PID rows)
+  // is a whole number of vectors in every row tensor: programs are a
+  // multiple of m, or one a row group. Rounding down to a multiple of m
+  // idles up to m - 1 of the resident programs (all but m of 7 clusters of
+  // 16, the H200's count); more programs than are resident run in waves,
+  // each program adding a partial dweight row written, then read by the
+  // finalize. Of the counts up to lcm(R, m) (waves that fill every slot) or
+  // one a row group, the least time in row-group steps of one SM; within
+  // one wave the most programs (the loads of more rows in flight).
+  const Variant v = make_variant(Op::Backward, d);
+  const double row_bytes = static_cast<double>(c.rows_per_pid) *
+                           (dtype_size(v.x) + dtype_size(v.y) + dtype_size(v.dx) + (v.dres ? dtype_size(v.ro) : 0));
+  const double partial = 2.0 * 4 * v.partials() / row_bytes;  // a partial row against a row-group step
+  auto cost = [&](std::int64_t p) {
+    return static_cast<double>(ceil_div(p, R)) * static_cast<double>(ceil_div(needed, p)) +
+           static_cast<double>(p) * partial / static_cast<double>(R);
+  };
+  const std::int64_t last = std::min(needed, R / std::gcd(R, m) * m);
+  std::int64_t best = needed;  // one program a row group: no row step to align
+  for (std::int64_t p = std::max(m, R / m * m); p <= last; p += m)
+    if (p < needed && cost(p) < cost(best)) best = p;
+  return best;
+}
+
 Geometry launch_geometry(Op op, const NormDesc& d, const LaunchConfig& c, int sm_count, int blocks_per_sm,
                          int max_clusters) {
   Geometry g;
@@ -459,20 +503,8 @@ Geometry launch_geometry(Op op, const NormDesc& d, const LaunchConfig& c, int sm
     const int per_sm = c.programs_per_sm ? std::min(c.programs_per_sm, blocks_per_sm) : blocks_per_sm;
     std::int64_t resident = static_cast<std::int64_t>(sm_count) * std::max(1, per_sm) / cl;
     if (cl > 1 && max_clusters > 0) resident = std::min<std::int64_t>(resident, max_clusters);
-    programs = std::max<std::int64_t>(1, std::min(needed, resident));
-    // A peeled backward program shifts its weight once for all its rows:
-    // they start at one column of a vector, so its row step (programs x
-    // ROWS_PER_PID rows) is a whole number of vectors in every row tensor.
-    if (op == Op::Backward && programs < needed && peeled(op, d, c.vec)) {
-      std::int64_t m = 1;
-      auto whole = [&](std::int64_t k) {
-        for (std::int64_t s : row_strides(op, d))
-          if (k * c.rows_per_pid * s % c.vec) return false;
-        return true;
-      };
-      while (!whole(m)) ++m;
-      programs = std::max(m, programs / m * m);
-    }
+    programs = op == Op::Backward ? backward_programs(d, c, resident)
+                                  : std::max<std::int64_t>(1, std::min(needed, resident));
   }
   g.programs = static_cast<unsigned>(programs);
   g.grid = static_cast<unsigned>(programs * cl);

@@ -155,6 +155,18 @@ struct Geometry {
   unsigned programs = 0;         ///< programs (CTAs, or clusters): backward partial dweight rows
   FinalizeGeometry finalize;     ///< backward with more than one program: the finalize launch
 };
+/// 1, or for peeled backward rows under `cfg` the least program count whose
+/// row step (programs x ROWS_PER_PID rows) is a whole number of vectors in
+/// every row tensor (at most cfg.vec): a peeled program's rows all start
+/// at one column of a vector.
+std::int64_t peel_program_multiple(const NormDesc& desc, const LaunchConfig& cfg);
+
+/// The backward's persistent programs under `cfg` where `resident` of them
+/// (CTAs, or clusters) run at once: min(row groups, resident); peeled rows,
+/// a multiple of peel_program_multiple (or one a row group), the count of
+/// least time counting idle slots, waves and partial dweight rows.
+std::int64_t backward_programs(const NormDesc& desc, const LaunchConfig& cfg, std::int64_t resident);
+
 /// Grid and block of `op`. A program is a CTA, or a cluster of cfg.cluster
 /// CTAs. Forward: one program per ROWS_PER_PID rows, except cluster rows
 /// that keep their weight in shared memory (weight_smem_bytes), persistent
@@ -162,8 +174,8 @@ struct Geometry {
 /// resident programs): sm_count * P CTAs, with P = cfg.programs_per_sm
 /// capped at blocks_per_sm (0: blocks_per_sm), divided by the cluster size,
 /// and at most `max_clusters` clusters (the driver's count of co-resident
-/// clusters; 0: unknown). dw_cluster: one cluster of cfg.cluster CTAs, one
-/// program.
+/// clusters; 0: unknown), peeled rows as backward_programs rounds them.
+/// dw_cluster: one cluster of cfg.cluster CTAs, one program.
 Geometry launch_geometry(Op op, const NormDesc& desc, const LaunchConfig& cfg, int sm_count,
                          int blocks_per_sm, int max_clusters = 0);
 

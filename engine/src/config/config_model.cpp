@@ -220,9 +220,12 @@ double backward_ns(const NormDesc& d, const Variant& v, const LaunchConfig& c, c
     const double t_batch = rows * T.slice * (read + write) / 1024 * p[kDcStep] + steps * p[kLred];
     return std::ceil(M / b.rows) * (t_batch + p[kCta] + p[kLcl] + p[kClLog] * std::log2(c.cluster));
   }
-  const double programs = std::max(1.0, std::min(T.needed, resident));
+  // Peeled rows round the programs (backward_programs): past the resident
+  // ones, the rest run in waves.
+  const auto programs = static_cast<double>(backward_programs(d, c, static_cast<std::int64_t>(resident)));
+  const double waves = std::ceil(programs / resident);
   const double iterations = std::ceil(T.needed / programs);
-  const double ctas = programs * T.cl;
+  const double ctas = std::min(programs, resident) * T.cl;
   double bytes = static_cast<double>(c.rows_per_pid) * T.slice * (read + write);
   double t_row = p[kL0] * (c.stages >= 2 ? p[kTail] : 1.0) + 2 * T.red + T.lk * T.k * 2 + T.rows_cost;
   if (c.two_pass) {  // with a stage or without: measured within 10% of each other either way
@@ -230,7 +233,7 @@ double backward_ns(const NormDesc& d, const Variant& v, const LaunchConfig& c, c
     t_row = 2 * (p[kL0] * std::ceil(T.k / 4) + T.red + T.lk * T.k * 2);
   }
   const double round = T.round_ns(t_row, ctas, bytes, bytes, std::min<double>(T.sms, ctas), false);
-  double t = iterations * round;
+  double t = waves * iterations * round;
   if (programs > 1)  // partial dweight rows written, then summed by the finalize launch
     t += programs * d.N * 4.0 * v.partials() * 2 / T.bw + p[kTwoPass];
   return t;
@@ -380,14 +383,23 @@ bool floors_row_threads(Op op, const NormDesc& d, const std::vector<LaunchConfig
   return std::any_of(grid.begin(), grid.end(), [&](const LaunchConfig& c) { return !short_row_threads(op, d, c); });
 }
 // Peeled backward rows (odd N: norm_bwd.cuh's PEEL) are the tuner's, not
-// the model's, which does not price them: whole grids of 8 odd-N shapes
-// timed on an H200 (2026-11-29, no cache) had the fastest peeled config
-// slower than the fastest 1-element one on 7 (rms bf16 2048x24577 130.6 vs
-// 109.3 us, 512x100003 237.6 vs 127.3, ln bf16 8192x777 21.5 vs 19.5;
-// 1.10-1.87x) and faster on one (rms bf16 8192x5121 80.2 vs 84.6), and the
-// model's peeled picks were 1.02-1.97x the grid's fastest. Where peeling
-// pays (ln bf16 4096x7777: 65.9 us against the model's 1-element pick's
-// 104.8), tuning finds it.
+// the model's. Whole grids of 16 odd-N shapes timed on an H200
+// (autotune_cache/model/h200-bwd-odd-peel{1,2}-s31.json, peel3-s32 with
+// programs in waves) had the fastest peeled config slower than the fastest
+// 1-element one on most: split over clusters on 6 of 8 wide rows (rms bf16
+// 512x100003 168.0 vs 127.7 us, 8192x16385 375.6 vs 300.3; the model
+// counts floor(SMs / cluster) co-resident clusters where the driver counts
+// 7 of 16 CTAs, 15 of 8, 30 of 4). Priced for one-CTA rows (the program
+// count of backward_programs and 1.5 us a row for the edges, a median of
+// 1.049 of the fastest on those grids against 1.069 without), the model's
+// peeled picks ran 0.877x the 1-element ones by geometric mean over the 32
+// recorded shapes whose pick moved (H200, 2026-11-29, docs/results/
+// peel-bwd-s32.md): 1.05-1.61x at M >= 884 and N >= 999 on 5 (ln bf16
+// 4096x7777 106.0 -> 66.0 us), but 0.51-0.87x at every M <= 151 (ln bf16
+// 2x6425 4.54 -> 8.96 us: a peeled program's weight shift and element-wise
+// dweight stores are fixed costs the constants do not hold) and down to
+// 0.73x on narrow rows (rms fp16 9451x333). Where peeling pays, tuning
+// finds it.
 bool peel_excluded(Op op, const NormDesc& d, const LaunchConfig& c) {
   return op == Op::Backward && peeled(op, d, c.vec);
 }
