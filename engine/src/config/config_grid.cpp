@@ -438,6 +438,10 @@ std::vector<int> simplicity_key(const LaunchConfig& c) {
           c.programs_per_sm};
 }
 
+namespace {
+// 1, or for peeled backward rows under c the least program count whose row
+// step (programs x ROWS_PER_PID rows) is a whole number of vectors in every
+// row tensor (at most c.vec).
 std::int64_t peel_program_multiple(const NormDesc& d, const LaunchConfig& c) {
   if (!peeled(Op::Backward, d, c.vec)) return 1;
   auto whole = [&](std::int64_t k) {
@@ -449,6 +453,7 @@ std::int64_t peel_program_multiple(const NormDesc& d, const LaunchConfig& c) {
   while (!whole(m)) ++m;
   return m;
 }
+}  // namespace
 
 std::int64_t backward_programs(const NormDesc& d, const LaunchConfig& c, std::int64_t resident) {
   const std::int64_t needed = ceil_div(d.M, c.rows_per_pid);

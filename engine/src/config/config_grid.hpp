@@ -155,15 +155,9 @@ struct Geometry {
   unsigned programs = 0;         ///< programs (CTAs, or clusters): backward partial dweight rows
   FinalizeGeometry finalize;     ///< backward with more than one program: the finalize launch
 };
-/// 1, or for peeled backward rows under `cfg` the least program count whose
-/// row step (programs x ROWS_PER_PID rows) is a whole number of vectors in
-/// every row tensor (at most cfg.vec): a peeled program's rows all start
-/// at one column of a vector.
-std::int64_t peel_program_multiple(const NormDesc& desc, const LaunchConfig& cfg);
-
 /// The backward's persistent programs under `cfg` where `resident` of them
 /// (CTAs, or clusters) run at once: min(row groups, resident); peeled rows,
-/// a multiple of peel_program_multiple (or one a row group), the count of
+/// a multiple of their row step in vectors (or one a row group), the count of
 /// least time counting idle slots, waves and partial dweight rows.
 std::int64_t backward_programs(const NormDesc& desc, const LaunchConfig& cfg, std::int64_t resident);
 
