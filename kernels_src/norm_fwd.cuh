@@ -85,6 +85,10 @@ template <class S> constexpr int wb_batch_or(long) { return 1; }
 // define it.
 template <class S> constexpr auto wb_smem_or(int) -> decltype(S::WB_SMEM + 0) { return S::WB_SMEM; }
 template <class S> constexpr bool wb_smem_or(long) { return false; }
+// WB_RO (the engine's weight_read_only): cluster rows that load their
+// weight and bias through the read-only path (load_wb).
+template <class S> constexpr auto wb_ro_or(int) -> decltype(S::WB_RO + 0) { return S::WB_RO; }
+template <class S> constexpr bool wb_ro_or(long) { return false; }
 // Does the chunk at `col` lie wholly inside the row (a peeled row's inner
 // chunks; every chunk of an unpeeled one)? A function: written inline in
 // the conditions, the unpeeled kernels compiled to other machine code.
@@ -523,17 +527,23 @@ __device__ __forceinline__ void load_wb(const NormArgs& a, int col, bool exact, 
     if constexpr (S::HAS_W) wv = peeled_cols<S>(static_cast<const w_t*>(a.w), col, lo, lo + S::N, exact);
     if constexpr (S::HAS_B) bv = peeled_cols<S>(static_cast<const w_t*>(a.b), col, lo, lo + S::N, exact);
   } else {
-    if constexpr (S::N % S::VEC == 0 && S::ROWS > 1 && S::TPR >= 4 && !S::RESIDUAL) {
+    if constexpr (S::N % S::VEC == 0 && ((S::ROWS > 1 && S::TPR >= 4 && !S::RESIDUAL) || wb_ro_or<S>(0))) {
       // Programs of several (short) rows: read-only loads (load_vec_if),
       // which ptxas issues together ahead of the row's stores: rms bf16
       // 32768x128 v8.t4.r32 6.66 -> 6.18 us, rms fp16 39864x424 v8.t8.r4
-      // 22.3 -> 20.5, ln bf16 35215x160 1.07x on an H200. The others keep
-      // plain loads: read-only, all of a row's weight and bias chunks were
-      // held at once. Programs of one row rose to their register bound (ln
-      // bf16 2048x20000 v8.t512.r1: 64 -> 117 registers, 45.4 -> 63.0 us);
-      // rows of 2 threads (8-16 chunks each) and rows with a residual (two
-      // row tensors) spilled at theirs (rms bf16 N = 128 v8.t2.r16, rms
-      // fp16 N = 512 with a residual v8.t16.r32).
+      // 22.3 -> 20.5, ln bf16 35215x160 1.07x on an H200. So do a cluster's
+      // slices where their launch bound leaves ptxas room to hoist them
+      // (WB_RO, row_budget.hpp's weight_read_only): plain, each chunk's
+      // weight loaded after the store before it, 8 L2 round trips a row at
+      // 8 chunks a thread (SASS of ln bf16 N = 65536, v8.t256.r1.c4); on an
+      // H200 rms bf16 300x98304 with a residual 1.09x, rms fp32 512x65536
+      // 1.04x, rms bf16 3000x40960 1.04x, ln fp32 512x131072 1.04x. The
+      // other programs of one row keep plain loads: read-only, all of a
+      // row's weight and bias chunks were held at once, up to the register
+      // bound (ln bf16 2048x20000 v8.t512.r1, one CTA an SM: 64 -> 117
+      // registers, 45.4 -> 63.0 us); rows of 2 threads (8-16 chunks each)
+      // and rows with a residual (two row tensors) spilled at theirs (rms
+      // bf16 N = 128 v8.t2.r16, rms fp16 N = 512 with a residual v8.t16.r32).
       const bool take = exact || col < S::N;
       if constexpr (S::HAS_W) wv = load_vec_if<w_t, S::VEC, true>(static_cast<const w_t*>(a.w) + col, take);
       if constexpr (S::HAS_B) bv = load_vec_if<w_t, S::VEC, true>(static_cast<const w_t*>(a.b) + col, take);

@@ -468,8 +468,15 @@ TEST_CASE("nvrtc: a forward kernel is compiled to hold its min blocks an SM, and
   with_res.residual = true;
   CHECK(make_spec(Op::Forward, with_res, LaunchConfig::parse("v8.t256.r1.c16")).min_blocks == 2);
   CHECK(make_spec(Op::Forward, make_desc(512, 100000), LaunchConfig::parse("v4.t256.r1.c8")).min_blocks == 3);
+  // A cluster's slice reads its weight through the read-only path only
+  // where its launch bound leaves ptxas registers to hoist the loads into:
+  // not the packed 64-element slice at its bound of 64 (it spilled 8 bytes).
+  const KernelSpec headroom = make_spec(Op::Forward, make_desc(3000, 40960), LaunchConfig::parse("v8.t256.r1.c4"));
+  CHECK(headroom.source().find("WB_RO = true") != std::string::npos);
+  CHECK(slice.source().find("WB_RO") == std::string::npos);
+  CHECK(rms.source().find("WB_RO") == std::string::npos);
 
-  for (const KernelSpec& s : {rms, lf, wide, slice, ln_slice, persistent}) {
+  for (const KernelSpec& s : {rms, lf, wide, slice, ln_slice, persistent, headroom}) {
     CAPTURE(s.name());
     const std::string cubin = compile_spec(s, "sm_90", "").cubin;
     const CubinResources r = cubin_resources(cubin);

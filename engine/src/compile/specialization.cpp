@@ -140,6 +140,7 @@ std::string KernelSpec::source() const {
   if (keep_u) s += "  static constexpr bool KEEP_U = true;\n";
   if (kind == KernelKind::Forward && weight_smem_bytes(v, cfg, N, peel) > 0)
     s += "  static constexpr bool WB_SMEM = true;\n";
+  if (kind == KernelKind::Forward && weight_read_only(v, cfg, N, peel)) s += "  static constexpr bool WB_RO = true;\n";
   if (cfg.dw_cluster)
     s += fmt::format("  static constexpr bool DW_CLUSTER = true;\n  static constexpr int DC_ROWS = {};\n",
                      dc_batch(v, N, cfg).rows);

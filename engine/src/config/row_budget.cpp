@@ -220,6 +220,12 @@ int forward_min_blocks(const Variant& v, const LaunchConfig& c, int N, bool peel
   return ctas_for(c.threads(), need, keep_u || late_res_rows(v, c, N, peel));
 }
 
+bool weight_read_only(const Variant& v, const LaunchConfig& c, int N, bool peel) {
+  if (c.row_split() < 2 || peel || N % c.vec || (!v.has_w && !v.has_b)) return false;
+  const int bound = thread_register_cap(forward_min_blocks(v, c, N, peel) * c.threads());
+  return forward_register_need(v, c, N, peel) + kReadOnlyWeightRegisters <= bound;
+}
+
 int forward_register_budget(const Variant& v, const LaunchConfig& c, int N, bool peel) {
   const int need = forward_register_need(v, c, N, peel);
   return peel_two_ctas(v, c, N, peel, need) ? thread_register_cap(2 * c.threads()) : need;

@@ -111,6 +111,15 @@ inline constexpr int kPeelTwoCtaElems = 56;
 /// The CTAs an SM holds of the forward kernel of `cfg`: the prelude's
 /// launch bound (NJ_MIN_BLOCKS where > 1), the two of peel_two_ctas included.
 int forward_min_blocks(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
+/// Whether a forward cluster row under `cfg` (a CTA's slice, its weight and
+/// bias loaded after the reduction) reads them through the read-only path
+/// (the prelude's WB_RO): plain, each chunk's load waited for the store
+/// before it (a y that may alias the weight), an L2 round trip a chunk.
+/// ptxas then hoists the loads as far as the launch bound allows, so only
+/// where forward_register_need leaves kReadOnlyWeightRegisters under it: at
+/// the bound, 16-bit slices of 64 elements a thread spilled 8 bytes.
+bool weight_read_only(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
+inline constexpr int kReadOnlyWeightRegisters = 4;
 /// The registers a thread of that kernel counts on: forward_register_need,
 /// or the two-CTA cap of a peeled row bounded to two (what the config model
 /// prices).
