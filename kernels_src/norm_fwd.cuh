@@ -518,7 +518,8 @@ __device__ __forceinline__ Vec<T, S::VEC> peeled_cols(const T* __restrict__ w, i
 
 // Weight and bias chunks (left unset when the variant has none); lo: the
 // row's FwdRow::lo.
-template <class S>
+// RO: 1 read-only, 0 plain, -1 by the rule below.
+template <class S, int RO = -1>
 __device__ __forceinline__ void load_wb(const NormArgs& a, int col, bool exact, Vec<typename S::w_t, S::VEC>& wv,
                                         Vec<typename S::w_t, S::VEC>& bv, int lo) {
   using w_t = typename S::w_t;
@@ -527,7 +528,7 @@ __device__ __forceinline__ void load_wb(const NormArgs& a, int col, bool exact, 
     if constexpr (S::HAS_W) wv = peeled_cols<S>(static_cast<const w_t*>(a.w), col, lo, lo + S::N, exact);
     if constexpr (S::HAS_B) bv = peeled_cols<S>(static_cast<const w_t*>(a.b), col, lo, lo + S::N, exact);
   } else {
-    if constexpr (S::N % S::VEC == 0 && ((S::ROWS > 1 && S::TPR >= 4 && !S::RESIDUAL) || wb_ro_or<S>(0))) {
+    if constexpr (RO == 1 || (RO == -1 && S::N % S::VEC == 0 && ((S::ROWS > 1 && S::TPR >= 4 && !S::RESIDUAL) || wb_ro_or<S>(0)))) {
       // Programs of several (short) rows: read-only loads (load_vec_if),
       // which ptxas issues together ahead of the row's stores: rms bf16
       // 32768x128 v8.t4.r32 6.66 -> 6.18 us, rms fp16 39864x424 v8.t8.r4
@@ -1165,7 +1166,18 @@ __device__ __forceinline__ void norm_fwd_rows(const nj::NormArgs& a, const nj::Q
             if constexpr (S::HAS_W) w = *wb_slot(i, 0);
             if constexpr (S::HAS_B) b = *wb_slot(i, NWB - 1);
           } else if constexpr (!CACHE_Y) {
-            nj::load_wb<S>(a, col, PEEL || EXACT, w, b, R.lo);
+            // RMSNorm cluster rows at their launch bound (no WB_RO): every
+            // chunk's weight but the last through the read-only path, so
+            // that ptxas holds one chunk fewer (read-only throughout, 16-bit
+            // slices of 64 elements a thread spilled 8 bytes; LayerNorm's
+            // weight and bias spilled 8-16 bytes either way).
+            if constexpr (C > 1 && !nj::wb_ro_or<S>(0) && !S::LAYERNORM && !PEEL && S::N % S::VEC == 0 &&
+                          QUANT == nj::Q_NONE) {
+              if (i + 1 < L::ITERS) nj::load_wb<S, 1>(a, col, PEEL || EXACT, w, b, R.lo);
+              else nj::load_wb<S, 0>(a, col, PEEL || EXACT, w, b, R.lo);
+            } else {
+              nj::load_wb<S>(a, col, PEEL || EXACT, w, b, R.lo);
+            }
           }
           // (store_chunk's body written out: the lambda moved some kernels'
           // machine code, and with it their tuned entries.)
