@@ -117,7 +117,9 @@ int forward_min_blocks(const Variant& v, const LaunchConfig& cfg, int N, bool pe
 /// before it (a y that may alias the weight), an L2 round trip a chunk.
 /// ptxas then hoists the loads as far as the launch bound allows, so only
 /// where forward_register_need leaves kReadOnlyWeightRegisters under it: at
-/// the bound, 16-bit slices of 64 elements a thread spilled 8 bytes.
+/// the bound, 16-bit slices of 64 elements a thread spilled 8 bytes (there
+/// RMSNorm rows read all chunks' weight but the last read-only instead, in
+/// norm_fwd.cuh; LayerNorm rows keep plain loads).
 bool weight_read_only(const Variant& v, const LaunchConfig& cfg, int N, bool peel);
 inline constexpr int kReadOnlyWeightRegisters = 4;
 /// The registers a thread of that kernel counts on: forward_register_need,
